@@ -87,3 +87,38 @@ def test_an_operand_wgmma_cannot_read_costs_mma_sync_fragments() -> None:
     mma.sync on sm_90a too: beside the 128 accumulators, b's fragments of the warp's
     256 columns (64 registers), which a descriptor read would not cost."""
     assert _estimates("examples/quant_linear.tsr", "sm_90a")["w8a16"] >= 128 + 64
+
+
+def test_a_walk_keeps_the_loads_of_every_tensor_it_reads_in_flight() -> None:
+    """rmsnorm's store walk reads x and the weight, a vector broadcast over the rows, and
+    ptxas keeps an unrolled iteration's loads of both in flight (``add_rms``, which
+    also reads the residual, gets 4 more)."""
+    found = _estimates("examples/norms.tsr", "sm_80")
+    assert found["rms"] == 28 + 4 + 4  # the row base, the statistic, the weight's loads
+    assert found["add_rms"] == found["rms"] + 4
+
+
+def test_a_gemm_epilogue_holds_its_rows_addresses_and_bounds() -> None:
+    """The FMA GEMM's store: beside its 64 accumulators, each of the thread's 8 rows'
+    64-bit address and bound (24), and where the columns are masked (``decoder_block``'s
+    ``C`` columns, not ``decode``'s 256) each of its 8 columns' bound."""
+    masked = _estimates("examples/decoder_block.tsr", "sm_80")["decoder_block_k1"]
+    unmasked = _estimates("examples/decode.tsr", "sm_80")["project_k1"]
+    assert unmasked == 32 + 64 + 24
+    assert masked == unmasked + 8
+
+
+def test_probabilities_a_16_bit_product_reads_are_held_packed() -> None:
+    """attention's probabilities (128 x 32 over 256 threads, 16 words in f32) are packed
+    two a register for the bf16 product with V: 8 words."""
+    found = _estimates("examples/attention.tsr", "sm_80")
+    # base, accumulator, m and l, the probabilities packed, their m and l, V's fragments
+    assert found["attention"] == 32 + 64 + 4 + 8 + 4 + 32
+
+
+def test_an_elementwise_loop_update_loads_what_it_reads_ahead() -> None:
+    """norm_param_grad sums two [32, 16] tiles over row blocks (4 words each of 128
+    threads): each iteration loads the thread's elements of the cotangent and of x (4
+    each) and of the [16, 2] statistics (1) from shared memory ahead of the math."""
+    found = _estimates("tessera/stdlib/norm_param_grad.tsr", "sm_80")
+    assert found["norm_param_grad"] == 32 + 2 * 4 + 4 + 4 + 1

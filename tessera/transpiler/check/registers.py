@@ -15,9 +15,14 @@ symbolic dim is walked a vector at a time and holds one vector. A row reduction 
 symbolic dim (a row kernel's statistics: layernorm's mean and scale) is a walk of each
 row by the whole program whose total every thread gets back, so every thread holds the
 statistic of every row; such a walk keeps the loads of an unrolled iteration of each
-row tensor it reads in flight (``layernorm_grad``'s passes over x and g). A choice
-between lazy values (an ``if`` on ``with_weight``) is lazy too: what it reads lives
-until the chosen value's last use.
+tensor it reads in flight (``layernorm_grad``'s passes over x and g, ``add_rms``'s over
+x, the residual and the weight). A choice between lazy values (an ``if`` on
+``with_weight``) is lazy too: what it reads lives until the chosen value's last use. A
+loop's carried tiles stay in their registers after it, until their last use; a loop
+that updates them elementwise (``norm_param_grad``'s sums) loads the thread's elements
+of each tile the update reads ahead of the math. The store of a product's result (a
+GEMM's epilogue) holds, beside the tile, each of the thread's rows' 64-bit address and
+bound, and each column's bound where the columns are masked.
 
 An operand that a matrix instruction reads from shared memory costs the registers of
 one k step, as the generated code reads it: ``mma.sync`` a strip of ``a`` (4 registers
@@ -29,10 +34,12 @@ of the tile, which the batch reads while it runs (an operand that is not a read 
 runs on ``mma.sync``); the FMA loop a column of its ``Grid`` block of ``a`` and a row of
 ``b``. An operand computed from registers (attention's ``ds`` in its backward pass) is
 made into an array and staged through shared memory, and each of its elements loads the
-tensors of its chain (a row's logsumexp) into a register of its own. The compiler caps
-what a thread may hold at what ``__launch_bounds__`` leaves it, and so does the
-estimate; a warp-specialized kernel (a producer warpgroup that hands registers to the
-consumers with ``setmaxnreg``) is given that whole share, which ptxas reports.
+tensors of its chain (a row's logsumexp) into a register of its own. An owned operand
+that only a matrix instruction of a narrower dtype reads (online softmax's
+probabilities, for a bf16 product) is held packed, two 16-bit elements a register. The
+compiler caps what a thread may hold at what ``__launch_bounds__`` leaves it, and so
+does the estimate; a warp-specialized kernel (a producer warpgroup that hands registers
+to the consumers with ``setmaxnreg``) is given that whole share, which ptxas reports.
 
 It is a model, checked against ptxas on the examples and the library
 (``bench/registers.py``, ``tests/test_nvrtc.py``), for the inspector and ``--emit
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..graph.dtypes import lookup_dtype
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.rewrite import block_uses
 from ..graph.types import TensorType, TileType
@@ -142,6 +150,10 @@ class _Pressure:
         self.kernel = kernel
         self.fragments: dict[int, int] = {}
         self.defs = producers(kernel.body)
+        self.users: dict[int, list[Op]] = {}
+        for op in walk(kernel.body):
+            for value in op.operands:
+                self.users.setdefault(value.id, []).append(op)
         self.owned = {r.id for op in walk(kernel.body) if op.kind in _OWNED for r in op.results}
         # A reduction over a dim of symbolic size is a walk of each row by the whole
         # program (thread t reads elements t, t + threads, ...), whose partials are summed
@@ -154,14 +166,23 @@ class _Pressure:
         # A row vector of such a product (online softmax's max and sum) lives in the
         # threads of its rows, as many registers as the thread has rows.
         self.fragment_rows: dict[int, int] = {}
+        self.layouts: dict[tuple[int, int], tuple[int, int]] = {}
         for op in walk(kernel.body):
             mma = op.attr("mma")
-            if isinstance(mma, Mma) and _nvidia(mma.inst) and op.results:
-                rows = op.results[0].type.dims[-2].constant
+            if not isinstance(mma, Mma) or not op.results:
+                continue
+            rows, cols = (d.constant for d in op.results[0].type.dims[-2:])
+            if rows is None:
+                continue
+            if _nvidia(mma.inst):
                 warp_rows = mma.warp_tile[0] // (_WARPGROUP if mma.inst.startswith("wgmma") else 1)
-                if rows is not None:
-                    share = max(1, warp_rows // 8)
-                    self.fragment_rows[rows] = max(self.fragment_rows.get(rows, 0), share)
+                share = max(1, warp_rows // 8)
+                self.fragment_rows[rows] = max(self.fragment_rows.get(rows, 0), share)
+                # and of each 8 columns lane l holds 2 (l % 4) and the next
+                self.layouts[rows, cols] = share, mma.warp_tile[1] // 8
+            elif mma.inst == "fma":  # a Grid: GRID_COLUMNS threads a row
+                tx = min(GRID_COLUMNS, kernel.threads)
+                self.layouts[rows, cols] = -(-rows * tx // kernel.threads), -(-(cols or 0) // tx)
 
     def words(self, value: Value) -> int:
         """The registers one thread spends on ``value``."""
@@ -186,7 +207,7 @@ class _Pressure:
             count *= d
         return -(-count // (self.kernel.threads * per_word))
 
-    def block(self, block: Block, outside: int) -> int:
+    def block(self, block: Block, outside: int, loop: bool = False) -> int:
         last: dict[int, int] = {}
         for index, op in enumerate(block.ops):
             for used in _uses(op):
@@ -212,14 +233,18 @@ class _Pressure:
             carried = {v.id for v in op.operands} if op.kind == "for" else set()
             for region in op.regions:
                 across = sum(w for v, w in live.items() if v not in carried)
-                worst = max(worst, self.block(region, outside + across))
+                worst = max(worst, self.block(region, outside + across, op.kind == "for"))
             made = {}
             for result in op.results:
                 owned = op.kind in _OWNED or result.id in self.fragments
+                # a loop's carried tiles stay in their registers after it
+                owned = owned or (op.kind == "for" and isinstance(result.type, TileType))
                 if owned and result.id in last:
                     made[result.id] = self.words(result)
             if self.walked:
                 worst = max(worst, outside + sum(live.values()) + self.in_flight(op))
+            if op.kind == "store":
+                worst = max(worst, outside + sum(live.values()) + self.store_words(op))
             # An accumulator is updated in place; other results are new arrays, written
             # while the operands that die here are still read.
             if op.kind not in _IN_PLACE:
@@ -228,18 +253,34 @@ class _Pressure:
                 del live[value]
             live.update(made)
             worst = max(worst, outside + sum(live.values()))
+        if loop:
+            worst = max(worst, outside + sum(live.values()) + self.carried_reads(block))
         return worst
+
+    def carried_reads(self, body: Block) -> int:
+        """A loop that updates its carried values elementwise (``norm_param_grad``'s
+        sums over row blocks) loads the thread's elements of every tile the update reads
+        (from memory or shared memory) ahead of the math: their words, beside the
+        carried values. A product's or a softmax's carried values are owned, and their
+        operands are costed as fragments."""
+        reads: dict[int, int] = {}
+        for value in body.yields:
+            if value.id in self.owned or value.id in {a.id for a in body.args}:
+                continue
+            for read in self.computed_from(value, shared=True)[1]:
+                reads[read.id] = self.words(read)
+        return sum(reads.values())
 
     def in_flight(self, op: Op) -> int:
         """The loads a walk over the rows (a reduction's, or the store's of the result)
         keeps in flight beyond the base's: the walk is unrolled (``_WALK_UNROLL``) and the
         loads of an iteration are issued ahead of its math, a register for each element
-        of each row tensor the walked expression reads (``layernorm_grad``'s ``sum(gw *
+        of each tensor the walked expression reads (``layernorm_grad``'s ``sum(gw *
         xhat)`` and its result read rows of x and g); the base holds one tensor's (a row
-        sum's). A vector broadcast over the rows (the weight, a bias) is not counted: it
-        does not raise ptxas's count where measured (``layernorm`` and ``pre_norm``,
-        whose walks read x, the weight and the bias, peak at 38 and 30 live registers
-        on sm_80, within the base and their statistics)."""
+        sum's). A vector broadcast over the rows (the weight, a bias) is read at every
+        element too, and counts the same: ``layernorm``'s store walk reads x, the weight
+        and the bias (ptxas: 48 registers on sm_80, 40 on sm_90a), ``rms``'s x and the
+        weight (32 and 40), ``add_rms``'s x, the residual and the weight (48 on both)."""
         if op.results and op.results[0].id in self.walked:
             walked = op.operands[0]
         elif op.kind == "store" and _symbolic(op.operands[1]):
@@ -247,8 +288,24 @@ class _Pressure:
         else:
             return 0
         _, loads = self.computed_from(walked)
-        rows = [v for v in loads if len(v.type.dims) > 1 and v.type.dims[0].constant != 1]
-        return max(0, len(rows) - 1) * _WALK_UNROLL
+        return max(0, len(loads) - 1) * _WALK_UNROLL
+
+    def store_words(self, op: Op) -> int:
+        """What the store of a product's result (a GEMM's epilogue) spends beside the
+        registers live there: the 64-bit address of each of the thread's rows and the
+        bound of each row (and of each column, where the store masks the columns),
+        which ptxas computes ahead of the stores. Each element is computed from the
+        tile, which is live there, as it is stored."""
+        value = op.operands[1]
+        t = value.type
+        if not isinstance(t, TileType) or len(t.dims) != 2 or _symbolic(value):
+            return 0
+        layout = self.layouts.get((t.dims[0].constant, t.dims[1].constant))
+        if layout is None or not self.computed_from(value)[0]:
+            return 0
+        thread_rows, thread_cols = layout
+        masked = op.attr("at").tile_axes[-1].masked
+        return 3 * thread_rows + (thread_cols if masked else 0)
 
     def note_fragments(self, op: Op) -> None:
         """Operands a matrix instruction reads from shared memory cost the fragments of
@@ -261,6 +318,7 @@ class _Pressure:
         steps = self.fragment_words(op, mma, operands)
         for operand, strip in zip(operands, steps, strict=True):
             if operand.id in self.owned:  # held in registers already (probabilities)
+                self.pack(operand, mma)
                 continue
             owned, loads = self.computed_from(operand)
             if owned:
@@ -273,6 +331,17 @@ class _Pressure:
                 self.fragments[operand.id] = held * (1 + len(loads))
             else:
                 self.fragments.setdefault(operand.id, strip)
+
+    def pack(self, operand: Value, mma: Mma) -> None:
+        """An owned operand that only matrix instructions of a narrower dtype read
+        (online softmax's probabilities, for a bf16 product) is held as the
+        instruction's fragments, two 16-bit elements a register: the code packs it
+        before the product's walk over the other operand."""
+        dtype = lookup_dtype(mma.inst.rpartition(".")[2])
+        if dtype is None or dtype.bits >= 32 or not _nvidia(mma.inst):
+            return
+        if all(op.attr("mma") is not None for op in self.users.get(operand.id, [])):
+            self.fragments[operand.id] = -(-self.words(operand) * dtype.bits // 32)
 
     def fragment_words(self, op: Op, mma: Mma, operands: Sequence[Value]) -> tuple[int, int]:
         """The registers of one k step of each operand, as the instruction reads them."""
@@ -309,9 +378,10 @@ class _Pressure:
         dtype = mma.inst.rpartition(".")[2]
         return layouts.get(op.operands[0].name) == "sw128" and value.type.dtype.name == dtype
 
-    def computed_from(self, value: Value) -> tuple[bool, list[Value]]:
+    def computed_from(self, value: Value, shared: bool = False) -> tuple[bool, list[Value]]:
         """Whether the lazy ``value`` reads an owned tile, and the tensor loads it reads
-        (each through its chain of elementwise ops)."""
+        (each through its chain of elementwise ops; with ``shared``, its reads of shared
+        buffers too)."""
         owned, loads, seen, todo = False, [], set(), [value]
         while todo:
             v = todo.pop()
@@ -322,9 +392,9 @@ class _Pressure:
                 owned = True
                 continue
             op = self.defs.get(v.id)
-            if op is None or op.kind == "read":
+            if op is None or (op.kind == "read" and not shared):
                 continue
-            if op.kind == "load":
+            if op.kind in ("load", "read"):
                 loads.append(v)
                 continue
             todo.extend(op.operands)
