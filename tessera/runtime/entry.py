@@ -131,6 +131,9 @@ class Entry:
                 arrays[p["name"]] = self._tensor(p, values[p["name"]], sizes)
             else:
                 values[p["name"]] = self._scalar(p, values[p["name"]])
+        for p in inputs:  # an int parameter gives the size of its name (E // heads)
+            if p["kind"] == "scalar" and p["type"] == "int":
+                sizes.setdefault(p["name"], values[p["name"]])
         self._check_guards(sizes, values)
         results = []
         copies = []  # the results whose out lies over an input: computed, then copied

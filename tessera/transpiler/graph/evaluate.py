@@ -225,6 +225,10 @@ class Evaluator:
         items = [self.operand(e) for e in node.elts]
         if any(isinstance(i.value, Poison) for i in items):
             return POISON
+        if any(isinstance(i.value, DimValue) for i in items):  # a shape: (B, S, heads, E // heads)
+            sizes = [self._int_parameter_as_size(i) for i in items]
+            if all(isinstance(i.value, (DimValue, Const)) for i in sizes):
+                items = sizes
         values = []
         for item in items:
             v = item.value
@@ -309,6 +313,9 @@ class Evaluator:
             )
         values = [v for v in (a, b) if isinstance(v, Value)]
         if isinstance(a, DimValue) or isinstance(b, DimValue):
+            sizes = [self._int_parameter_as_size(ev) for ev in (left, right)]
+            if all(isinstance(ev.value, DimValue) or is_int(ev.value) for ev in sizes):
+                return self._dim_arith(node, *sizes)
             _refuse_run_time_size(node, left, right)
         left, right = (self._size_as_number(ev, values, node.span) for ev in (left, right))
         if node.op in ("/", "//", "%") and is_number(right.value) and right.value.value == 0:
@@ -317,6 +324,21 @@ class Evaluator:
         if not any(isinstance(v.type, (TensorType, TileType)) for v in values):
             return self._scalar_arith(node, left, right)
         return self.call_op(GRAPH_OPS[_ARITH[node.op]], [left, right], [], node.span, node.op)
+
+    def _int_parameter_as_size(self, ev: Ev) -> Ev:
+        """An ``int`` parameter, in arithmetic with a size (``E // heads``), as the size it
+        names: the launch reads its value as it reads any size, and ``E // heads`` is the
+        size ``E/heads``, with a guard that ``heads`` divides ``E`` where a shape uses it."""
+        v = ev.value
+        owner = self.function
+        if (
+            owner is not None
+            and isinstance(v, Value)
+            and v.type == ScalarType("int")
+            and v.id in owner.param_spans
+        ):
+            return Ev(DimValue(Dim.sym(owner.param_spans[v.id][0])), ev.span, ev.text)
+        return ev
 
     def _size_as_number(self, ev: Ev, values: list[Value], span: Span) -> Ev:
         """A size in arithmetic with a float tensor or scalar (``x / N``, ``s * K``), as
@@ -1081,14 +1103,16 @@ def is_int(v: Any) -> bool:
 
 
 def _refuse_run_time_size(node: ast.BinOp, left: Ev, right: Ev) -> None:
-    """``E // heads`` with ``heads: int`` a parameter: a size that only the call would
-    know, which no shape can have; the error says how to give it at compile time."""
+    """``E // k`` with ``k`` an int the function computes (``k = heads * 2``): a size no
+    shape can have, since only an int parameter gives a size its value at the call; the
+    error says how to give it."""
     size, other = (left, right) if isinstance(left.value, DimValue) else (right, left)
     v = other.value
     if isinstance(v, Value) and isinstance(v.type, ScalarType) and v.type.kind == "int":
         raise SemanticError(
-            f"{print_expr(node)}: '{other.text}' is an int known only when the function is "
-            f"called, so this is no size a shape can have; give it at compile time (a "
-            f"top-level constant, HEADS = 4), or write float({size.text}) to compute in floats",
+            f"{print_expr(node)}: '{other.text}' is an int the function computes, which no "
+            f"shape can have as a size; pass it as an int parameter (an int parameter is the "
+            f"size of its name), give it at compile time (a top-level constant, HEADS = 4), "
+            f"or write float({size.text}) to compute in floats",
             node.span,
         )
