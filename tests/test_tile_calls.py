@@ -18,7 +18,7 @@ import tessera
 from tessera.transpiler.frontend.diagnostics import CompileError
 
 from .everywhere import EVERY_TARGET, load_everywhere
-from .reference import f64
+from .reference import BF16, f64
 from .test_cpu import COMPILERS, STRICT
 
 SOURCE = """\
@@ -68,16 +68,38 @@ def add_bias(x: Tensor["R", "C", f32], b: Tensor["C", f32]) -> Tensor["R", "C", 
 
 def guarded(x: Tensor["N", "C", f32], b: Tensor["E", f32]) -> Tensor["N", "C", f32]:
     return add_bias(x, b)
+
+@kernel
+def row_sum(x: Tensor["R", "C", f32]) -> Tensor["R", f32]:
+    T = tile.context()
+    return tile.sum(tile.load(x, rows=T.m), axis=1)
+
+def row_sums(x: Tensor["R", "C", f32], b: Tensor["R", f32]) -> Tensor["R", f32]:
+    return row_sum(x) * 2.0 + b
+
+@kernel
+def times(x: Tensor["R", "C", f32], n: int) -> Tensor["R", "C", f32]:
+    T = tile.context()
+    return tile.load(x, rows=T.m) * float(n)
+
+def int_scalars(x: Tensor["R", "C", f32], k: int) -> Tensor["R", "C", f32]:
+    return times(x, 3) + times(x, n=k)
+
+def residual(x: Tensor["R", "C", f32]) -> Tensor["R", "C", bf16]:
+    return cast(scaled_softmax(x * 2.0, scale=0.5) + x, bf16)
 """
 
 
-def _poisoned(shape: tuple[int, ...]) -> np.ndarray:
-    return np.full(shape, np.nan, dtype=np.float32)
+def _poisoned(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+    return np.full(shape, np.nan, dtype=dtype)
 
 
-def _check(fn: Any, args: tuple, want: np.ndarray, rtol: float = 1e-5) -> None:
-    """``fn`` on ``args`` into a result poisoned first, against the float64 ``want``."""
-    out = _poisoned(want.shape)
+def _check(
+    fn: Any, args: tuple, want: np.ndarray, rtol: float = 1e-5, dtype: Any = np.float32
+) -> None:
+    """``fn`` on ``args`` into a result of ``dtype`` poisoned first, against the float64
+    ``want``."""
+    out = _poisoned(want.shape, dtype)
     fn(*args, out=out)
     got = f64(out)
     assert not np.isnan(got).any(), "some outputs were never written"
@@ -127,6 +149,18 @@ def test_graph_functions_call_tile_kernels(
     for flag in (False, True):
         want = _shifted(x, 0.3) + _shifted(x, 3.0, 0.3, True) + _shifted(x, 2.0, flip=flag)
         _check(lib.scalars, (x, 0.3, flag), want)
+
+    # an int scalar, a number and the caller's
+    _check(lib.int_scalars, (x, 5), f64(x) * 8.0)
+
+    # a kernel of one value per row, with an epilogue that loads a vector
+    b = rand(R)
+    _check(lib.row_sums, (x, b), f64(x).sum(axis=1) * 2.0 + f64(b))
+
+    # an argument computed by a kernel before, and an epilogue that reads a tensor and
+    # casts to bf16
+    want = _softmax(f64(x) * 2.0 * 0.5) + f64(x)
+    _check(lib.residual, (x,), want, rtol=1e-2, dtype=BF16)
 
     # the sizes a guard checks agree at run time
     b = rand(C)
@@ -297,6 +331,24 @@ def f(x: Tensor["N", f32], y: Tensor["N", f32]) -> Tensor["N", f32]:
     assert error.startswith("7:5: fill() is a tile kernel that returns nothing: called from a "
                             "graph function it would store into its arguments")  # fmt: skip
     assert "declare the result ('-> Tensor[...]')" in error
+
+
+@pytest.mark.unit
+def test_a_kernel_that_stores_into_an_argument_is_not_called() -> None:
+    source = """\
+@kernel
+def both(x: Tensor["N", f32], y: Tensor["N", f32]) -> Tensor["N", f32]:
+    T = tile.context()
+    t = tile.load(x, rows=T.m)
+    tile.store(y, t * 2.0)
+    return t
+
+def f(x: Tensor["N", f32], y: Tensor["N", f32]) -> Tensor["N", f32]:
+    return both(x, y) + y
+"""
+    (error,) = _errors(source)
+    assert error.startswith("9:12: both() stores into its argument 'y': called from a graph "
+                            "function it would change a graph value in place")  # fmt: skip
 
 
 @pytest.mark.unit

@@ -41,6 +41,7 @@ from .ir import (
     Value,
     new_value,
     result_names,
+    walk,
 )
 from .mesh import Localizer, Mesh, ShardSpec, find_mesh, shard_policy, shard_spec
 from .not_yet import NOT_YET, not_yet
@@ -1482,6 +1483,16 @@ class _TileCall(_Inlined):
         function = self._typed(typed, result)
         if function is None:
             return POISON
+        store = next((op for op in walk(function.body) if op.kind == "tile.store"), None)
+        if store is not None:
+            raise SemanticError(
+                f"{name}() stores into its argument '{store.operands[0].name}': called from a "
+                "graph function it would change a graph value in place; return what it "
+                "computes instead (a kernel returns one tile: one that computes two is two "
+                "kernels)",
+                self.span,
+                (Note("the store", store.span),),
+            )
         for guard in function.guards:
             self.guard(guard.kind, guard.left, guard.right, guard.reason, guard.span)
         attrs = (
