@@ -352,6 +352,23 @@ def f(x: Tensor["N", f32], y: Tensor["N", f32]) -> Tensor["N", f32]:
 
 
 @pytest.mark.unit
+def test_a_call_of_a_kernel_with_an_error_says_so_at_the_call() -> None:
+    source = """\
+def model(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    return bad(x) + 1.0
+
+@kernel
+def bad(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    T = tile.context()
+    return tile.load(x, rows=T.m) * undefined_name
+"""
+    assert _errors(source) == [
+        "2:12: bad() has an error: unknown name 'undefined_name'",
+        "7:37: unknown name 'undefined_name'",
+    ]
+
+
+@pytest.mark.unit
 def test_a_tile_kernel_calls_no_function() -> None:
     source = KERNEL + """\
 @kernel

@@ -15,7 +15,7 @@ from pathlib import PurePath
 from typing import Any
 
 from ..frontend import ast
-from ..frontend.diagnostics import Diagnostics, Note, Severity, did_you_mean
+from ..frontend.diagnostics import Diagnostic, Diagnostics, Note, Severity, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
@@ -1481,8 +1481,6 @@ class _TileCall(_Inlined):
                     bound[p.name].span,
                 )
         function = self._typed(typed, result)
-        if function is None:
-            return POISON
         store = next((op for op in walk(function.body) if op.kind == "tile.store"), None)
         if store is not None:
             raise SemanticError(
@@ -1525,31 +1523,42 @@ class _TileCall(_Inlined):
         dims = tuple(d.substitute(self.dims) for d in declared.dims)
         return in_memory(TensorType(dims, declared.dtype, declared.policies))
 
-    def _typed(self, typed: dict[str, TensorType], result: TensorType) -> Function | None:
-        """The kernel analysed with its tensor parameters and result of these types; None
-        where it has errors of its own, reported where it is defined."""
+    def _typed(self, typed: dict[str, TensorType], result: TensorType) -> Function:
+        """The kernel analysed with its tensor parameters and result of these types. An
+        error in it is the call's, with a note at the kernel's line: an error of the
+        kernel as written (said where it is defined too, unless ``--kernel`` leaves it
+        out), or one that only these types give."""
         params = tuple(
             replace(p, annotation=type_expr(typed[p.name])) if p.name in typed else p
             for p in self.node.params
         )
         node = replace(self.node, params=params, returns=type_expr(result))
-        analyzer = _FunctionAnalyzer(self.owner, node)
-        analyzer.given = frozenset(
-            s for t in (*typed.values(), result) for d in t.dims for s in d.symbols()
-        )
-        diags = Diagnostics()
-        analyzer.diags = diags
-        function = analyzer.run()
-        if not diags.error_count and function is not None:
+        sizes = frozenset(s for t in (*typed.values(), result) for d in t.dims for s in d.symbols())
+        function, error = _analysed(self.owner, node, sizes)
+        if error is None:
+            assert function is not None
             return function
-        first = next(d for d in diags.items if d.severity is Severity.ERROR)
-        if any(d.span == first.span for d in self.owner.diags.items):
-            return None  # the kernel's own error, said where it is defined
+        _, own = _analysed(self.owner, self.node, self.owner.given)
+        why = "has an error" if own is not None else "does not accept these arguments"
+        first = own or error
         raise SemanticError(
-            f"{self.node.name}() does not accept these arguments: {first.message}",
+            f"{self.node.name}() {why}: {first.message}",
             self.span,
             (Note("the kernel's line", first.span), *first.notes),
         )
+
+
+def _analysed(
+    owner: _ModuleAnalyzer, node: ast.FunctionDef, given: frozenset[str]
+) -> tuple[Function | None, Diagnostic | None]:
+    """``node`` analysed as a function of the module, with the sizes ``given`` known
+    from outside, and its first error, if any, which is not reported."""
+    analyzer = _FunctionAnalyzer(owner, node)
+    analyzer.given = given
+    analyzer.diags = Diagnostics()
+    function = analyzer.run()
+    errors = [d for d in analyzer.diags.items if d.severity is Severity.ERROR]
+    return function, errors[0] if errors else None
 
 
 def _shown(t: TensorType) -> str:
