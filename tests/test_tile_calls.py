@@ -70,11 +70,11 @@ def guarded(x: Tensor["N", "C", f32], b: Tensor["E", f32]) -> Tensor["N", "C", f
     return add_bias(x, b)
 
 @kernel
-def row_sum(x: Tensor["R", "C", f32]) -> Tensor["R", f32]:
+def row_sum(x: Tensor["B", "R", "C", f32]) -> Tensor["B", "R", f32]:
     T = tile.context()
     return tile.sum(tile.load(x, rows=T.m), axis=1)
 
-def row_sums(x: Tensor["R", "C", f32], b: Tensor["R", f32]) -> Tensor["R", f32]:
+def row_sums(x: Tensor["B", "R", "C", f32], b: Tensor["R", f32]) -> Tensor["B", "R", f32]:
     return row_sum(x) * 2.0 + b
 
 @kernel
@@ -153,9 +153,10 @@ def test_graph_functions_call_tile_kernels(
     # an int scalar, a number and the caller's
     _check(lib.int_scalars, (x, 5), f64(x) * 8.0)
 
-    # a kernel of one value per row, with an epilogue that loads a vector
-    b = rand(R)
-    _check(lib.row_sums, (x, b), f64(x).sum(axis=1) * 2.0 + f64(b))
+    # a kernel of one value per row, over a batch, with an epilogue that loads a vector
+    x3, b = rand(3, R, C), rand(R)
+    _check(lib.row_sum, (x3,), f64(x3).sum(axis=2))
+    _check(lib.row_sums, (x3, b), f64(x3).sum(axis=2) * 2.0 + f64(b))
 
     # an argument computed by a kernel before, and an epilogue that reads a tensor and
     # casts to bf16

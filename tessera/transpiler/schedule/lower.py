@@ -469,8 +469,13 @@ class _Scheduler:
             # (it loads its block with rows=T.n, cols=T.m).
             return Problem("tile", dtype, dims[-2], dims[-1], batch=dims[:-2], shape="layout")
         rows = next((t for t in loads if len(t.dims) >= 2), None)
-        if len(dims) == 1 and rows is not None:  # rows of a matrix, one value each
-            return Problem("tile", dtype, dims[0], rows.dims[-1], shape="reduction")
+        returned = f.body.yields[0].type if f.body.yields else None
+        one_a_row = len(dims) == 1 or (isinstance(returned, TileType) and returned.rank == 1)
+        if rows is not None and one_a_row:
+            # rows of a matrix, one value each; a leading dim of the result is a grid axis
+            # (a [B, S] result of [B, S, C] rows), as the tile stage lays the programs out
+            return Problem("tile", dtype, dims[-1], rows.dims[-1], batch=dims[:-1],
+                           shape="reduction")  # fmt: skip
         if len(dims) == 1:
             return Problem("tile", dtype, dims[0], shape="elementwise")
         return Problem("tile", dtype, dims[-2], dims[-1], batch=dims[:-2], shape="reduction")
