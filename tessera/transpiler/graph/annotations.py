@@ -7,10 +7,13 @@ dtype with its policies. Each policy is checked against the dtype it is on.
 
 from __future__ import annotations
 
+import functools
+
 from ..frontend import ast
-from ..frontend.diagnostics import Note, did_you_mean
+from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
+from ..frontend.parser import parse
 from ..frontend.printer import print_expr
-from ..frontend.source import Span
+from ..frontend.source import SourceFile, Span
 from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, DType, Policies, lookup_dtype, saturation_error
 from .not_yet import NOT_YET, not_yet
@@ -27,6 +30,7 @@ from .types import (
 __all__ = [
     "resolve_type",
     "resolve_result",
+    "type_expr",
     "unimplemented_policies",
     "TENSOR_TYPES",
     "TYPE_NAMES",
@@ -383,3 +387,22 @@ def _arg_text(arg: ast.Expr) -> str:
     if isinstance(arg, ast.StrLit):
         return f'"{arg.value}"'
     raise SemanticError("policy arguments are names or numbers", arg.span)
+
+
+def type_expr(t: TensorType) -> ast.TypeExpr:
+    """The annotation that spells ``t``, parsed as a user would have written it."""
+    dims = ", ".join(f'"{d}"' for d in t.dims)
+    policies = f" {t.policies}" if str(t.policies) else ""
+    return _annotation(f"Tensor[{dims}, {t.dtype}{policies}]")
+
+
+@functools.cache
+def _annotation(spelling: str) -> ast.TypeExpr:
+    """The annotation ``spelling``, parsed once a process: a group's operands and result
+    often share their type, and the tree is never changed."""
+    diags = Diagnostics()
+    module = parse(SourceFile("<type>", f"def f(x: {spelling}): ...\n"), diags)
+    assert module is not None and not diags.items, f"cannot spell {spelling}"
+    annotation = module.functions()[0].params[0].annotation
+    assert annotation is not None
+    return annotation

@@ -898,6 +898,15 @@ class _Recomputed:
 
 def _no_rule(op: Op, operand: Value | None = None) -> SemanticError:
     which = f" with respect to '{operand.name}'" if operand is not None and operand.name else ""
+    if op.kind == "tile_call":
+        name = op.attr("kernel")
+        return SemanticError(
+            f"cannot differentiate {name}(){which}: it is a tile kernel, and its tile code "
+            f"has no derivative the compiler derives; give it a rule, @custom_vjp({name}_vjp) "
+            f"on the kernel, where {name}_vjp is a function that takes its arguments and "
+            "the result's cotangent and returns the cotangents of its float tensors",
+            op.span,
+        )
     why = NO_GRADIENT.get(
         op.kind, "it has no gradient rule yet; compute it from ops that have gradients"
     )

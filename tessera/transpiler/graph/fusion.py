@@ -21,6 +21,10 @@ Triton-based compilers:
 - A reduction or a transpose whose input comes from a chain of elementwise ops joins
   that chain as its prologue (``softmax(x * scale)`` is one kernel). A transpose's
   result takes an epilogue too: ``relu(x * 2.0).T + y`` is one kernel.
+- A call of a tile kernel of the file (``tile_call``) starts a kernel, which runs the
+  tile kernel; elementwise ops after it become its epilogue, applied to the tile it
+  returns before the store, as after a product. Its operands are read from memory: no
+  prologue computes them.
 - Otherwise elementwise ops start a kernel of their own, and the following
   elementwise ops chain onto it.
 - A new axis on a value that is in memory (``s[:, None]`` of a parameter, or of an
@@ -74,6 +78,7 @@ _ANCHORS = {
     "reduce_scatter": "collective",
     "all_to_all": "collective",
     "transpose": "layout",
+    "tile_call": "tile_call",
 }
 _REDUCTIONS = {
     "softmax", "softmax_safe", "log_softmax", "logsumexp_safe", "layernorm", "layernorm_safe",
@@ -89,7 +94,7 @@ _ELEMENTWISE = {
 #: through a prologue, and its other operands (rotary's cos and sin) from memory.
 _LIBRARY_ROWS = {"rotary_embedding"}
 #: Kernels that accept an elementwise epilogue.
-_TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise", "layout"}
+_TAKES_EPILOGUE = {"gemm", "attention", "reduction", "elementwise", "layout", "tile_call"}
 
 
 def _reads_another_tensor(op: Op, k: int, kernel_of: dict[int, int]) -> bool:

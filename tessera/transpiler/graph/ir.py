@@ -29,6 +29,7 @@ __all__ = [
     "StateSlot",
     "Function",
     "GraphModule",
+    "TileCallee",
     "new_value",
     "walk",
     "result_names",
@@ -183,6 +184,20 @@ class GraphModule:
     functions: tuple[Function, ...]
     #: Module-level compile-time values (schedules), name and canonical text.
     constants: tuple[tuple[str, str], ...] = ()
+
+
+@frozen(eq=False)
+class TileCallee:
+    """The tile kernel that a ``tile_call`` op runs: the file's kernel ``name``, analysed
+    again with the call's argument types (``function``, whose sizes are the caller's
+    dims), so that the schedule and tile stages lower it as they lower the library's
+    kernels for a graph op. It prints as its name; two calls are two launches."""
+
+    name: str
+    function: Function
+
+    def __str__(self) -> str:
+        return self.name
 
 
 def walk(block: Block) -> Any:

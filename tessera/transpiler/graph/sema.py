@@ -15,12 +15,12 @@ from pathlib import PurePath
 from typing import Any
 
 from ..frontend import ast
-from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
+from ..frontend.diagnostics import Diagnostic, Diagnostics, Note, Severity, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
 from . import loss_scale, optim, optstate, quant  # noqa: F401  (they register graph ops)
-from .annotations import resolve_result, resolve_type, unimplemented_policies
+from .annotations import resolve_result, resolve_type, type_expr, unimplemented_policies
 from .autodiff import Region
 from .custom_rules import CUSTOM_RULES, custom_region, custom_rule
 from .differentiate import differentiated, forward_mode
@@ -37,9 +37,11 @@ from .ir import (
     Op,
     Param,
     StateSlot,
+    TileCallee,
     Value,
     new_value,
     result_names,
+    walk,
 )
 from .mesh import Localizer, Mesh, ShardSpec, find_mesh, shard_policy, shard_spec
 from .not_yet import NOT_YET, not_yet
@@ -56,6 +58,7 @@ from .types import (
     TupleType,
     ValueType,
     dims_text,
+    in_memory,
     result_types,
 )
 from .values import (
@@ -292,6 +295,9 @@ class _FunctionAnalyzer:
         #: body may read by name, as it may ``x.shape[0]``
         self.dims: dict[str, Dim] = {}
         self.kind = "tile" if _calls_tile_context(node.body) else "graph"
+        #: sizes given from outside (``analyze``'s ``given``; a called tile kernel's, the
+        #: caller's sizes that its re-typed parameters name)
+        self.given = owner.given
         self.evaluator = Evaluator(owner, self)
         self.returned: tuple[Value, ...] | None = None
         self.schedule: ScheduleSpec | None = None
@@ -329,14 +335,18 @@ class _FunctionAnalyzer:
     def call_function(
         self, node: ast.FunctionDef, args: list[Ev], keywords: list, span: Span
     ) -> Value | Poison:
-        """A call of another graph function: its body runs here, on these values."""
-        if self.kind == "tile" or _calls_tile_context(node.body):
-            what = "is called from a tile kernel" if self.kind == "tile" else "is a tile kernel"
+        """A call of another function of the file: a graph function's body runs here, on
+        these values; a tile kernel is one op that launches it (``_TileCall``)."""
+        if self.kind == "tile":
+            what = "another tile kernel" if _calls_tile_context(node.body) else "a graph function"
             raise SemanticError(
-                f"{node.name}() {what}: only graph functions call each other (a tile kernel "
-                "runs as a launch of its own)",
+                f"{node.name}() is {what}, called from a tile kernel: a tile kernel's body is "
+                "one program of its launch and calls no function; write the tile operations "
+                "here, or call both from a graph function, each a launch of its own",
                 span,
             )
+        if _calls_tile_context(node.body):
+            return _TileCall(self, node, span).call(args, keywords)
         return _Inlined(self, node, span).call(args, keywords)
 
     # -- the Emitter protocol for op rules -----------------------------------------
@@ -630,7 +640,7 @@ class _FunctionAnalyzer:
 
     def _params(self) -> tuple[Param, ...]:
         params: list[Param] = []
-        bare: set[str] = set(self.defines) | self.owner.given
+        bare: set[str] = set(self.defines) | self.given
         #: the OptimizerState parameters, flattened once every parameter's type is known
         states: list[tuple[int, ast.Param, OptimizerStateType]] = []
         for p in self.node.params:
@@ -1415,6 +1425,140 @@ class _Inlined(_FunctionAnalyzer):
             raise SemanticError(f"{where} is {t.kind}, given {describe(v)}", ev.span)
         if t.kind == "int" and v.name is not None:
             self.dims[name] = Dim.sym(v.name)  # the caller's int parameter, a size there
+
+
+class _TileCall(_Inlined):
+    """A tile kernel of the file, called from a graph function: one ``tile_call`` op,
+    launched as a kernel of its own, as a library op launches a library kernel. Its
+    arguments bind and check as a graph function's do (sizes from the arguments' dims,
+    guards where they are symbolic); the kernel is analysed again with the arguments'
+    types (``TileCallee``), and its scalar parameters take the scalar arguments: run-time
+    values are the op's operands after the tensors, numbers its attributes."""
+
+    def call(self, args: list[Ev], keywords: list) -> Value | Poison:
+        name = self.node.name
+        if self.node.returns is None:
+            raise SemanticError(
+                f"{name}() is a tile kernel that returns nothing: called from a graph "
+                "function it would store into its arguments, and a graph function never "
+                "changes a value in place; return the tile, declare the result "
+                "('-> Tensor[...]'), and use the value the call gives",
+                self.span,
+            )
+        bound = self._bind(args, keywords)
+        if any(isinstance(ev.value, Poison) for ev in bound.values()):
+            return POISON
+        self._sizes(bound)
+        result = self._result()
+        operands: list[Value] = []
+        names: list[str] = []
+        constants: list[tuple[str, Any]] = []
+        typed: dict[str, TensorType] = {}
+        for p in self.node.params:
+            value = bound[p.name].value
+            if isinstance(value, Value) and isinstance(value.type, TensorType):
+                # the declared dims in the caller's sizes: two arguments that a guard
+                # checks agree (``C`` of both ``x`` and ``b``) have one size in the kernel
+                declared = resolve_type(p.annotation, self.defines)
+                typed[p.name] = in_memory(replace(value.type, dims=declared.dims))
+                twice = next((q for q, v in zip(names, operands, strict=True) if v is value), None)
+                if twice is not None and typed[twice] != typed[p.name]:
+                    raise SemanticError(
+                        f"{name}(): one tensor is passed as '{twice}' and as '{p.name}', "
+                        "which the kernel declares with other dims; pass a copy as one",
+                        bound[p.name].span,
+                    )
+            if isinstance(value, Value):
+                operands.append(value)
+                names.append(p.name)
+            elif isinstance(value, Const):
+                kind = resolve_type(p.annotation, self.defines).kind
+                constants.append((p.name, float(value.value) if kind == "float" else value.value))
+            else:
+                raise SemanticError(
+                    f"{name}(): '{p.name}' is a size here; a tile kernel's int parameter takes "
+                    "a number or an int parameter of the caller",
+                    bound[p.name].span,
+                )
+        function = self._typed(typed, result)
+        store = next((op for op in walk(function.body) if op.kind == "tile.store"), None)
+        if store is not None:
+            raise SemanticError(
+                f"{name}() stores into its argument '{store.operands[0].name}': called from a "
+                "graph function it would change a graph value in place; return what it "
+                "computes instead (a kernel returns one tile: one that computes two is two "
+                "kernels)",
+                self.span,
+                (Note("the store", store.span),),
+            )
+        for guard in function.guards:
+            self.guard(guard.kind, guard.left, guard.right, guard.reason, guard.span)
+        attrs = (
+            ("kernel", TileCallee(name, function)), ("params", tuple(names)),
+            ("constants", tuple(constants)),
+        )  # fmt: skip
+        start = len(self.blocks[-1])
+        (value,) = self.emit("tile_call", tuple(operands), (result,), attrs, (), self.span)
+        custom_region(self.caller, self.node, bound, (value,), start, self.span)
+        return value
+
+    def _result(self) -> TensorType:
+        """The kernel's declared result with its sizes the caller's dims."""
+        declared = resolve_result(self.node.returns, dict(self.owner.options.defines))
+        span = self.node.returns.span
+        if not isinstance(declared, TensorType):
+            raise SemanticError(
+                f"{self.node.name}() returns {declared}: a tile kernel called from a graph "
+                "function returns one tensor",
+                span,
+            )
+        unknown = sorted(s for d in declared.dims for s in d.symbols() if s not in self.dims)
+        if unknown:
+            raise SemanticError(
+                f"{self.node.name}(): the size '{unknown[0]}' of its result is no argument's "
+                "size, so the call cannot say it",
+                self.span,
+                (Note("the result is declared here", span),),
+            )
+        dims = tuple(d.substitute(self.dims) for d in declared.dims)
+        return in_memory(TensorType(dims, declared.dtype, declared.policies))
+
+    def _typed(self, typed: dict[str, TensorType], result: TensorType) -> Function:
+        """The kernel analysed with its tensor parameters and result of these types. An
+        error in it is the call's, with a note at the kernel's line: an error of the
+        kernel as written (said where it is defined too, unless ``--kernel`` leaves it
+        out), or one that only these types give."""
+        params = tuple(
+            replace(p, annotation=type_expr(typed[p.name])) if p.name in typed else p
+            for p in self.node.params
+        )
+        node = replace(self.node, params=params, returns=type_expr(result))
+        sizes = frozenset(s for t in (*typed.values(), result) for d in t.dims for s in d.symbols())
+        function, error = _analysed(self.owner, node, sizes)
+        if error is None:
+            assert function is not None
+            return function
+        _, own = _analysed(self.owner, self.node, self.owner.given)
+        why = "has an error" if own is not None else "does not accept these arguments"
+        first = own or error
+        raise SemanticError(
+            f"{self.node.name}() {why}: {first.message}",
+            self.span,
+            (Note("the kernel's line", first.span), *first.notes),
+        )
+
+
+def _analysed(
+    owner: _ModuleAnalyzer, node: ast.FunctionDef, given: frozenset[str]
+) -> tuple[Function | None, Diagnostic | None]:
+    """``node`` analysed as a function of the module, with the sizes ``given`` known
+    from outside, and its first error, if any, which is not reported."""
+    analyzer = _FunctionAnalyzer(owner, node)
+    analyzer.given = given
+    analyzer.diags = Diagnostics()
+    function = analyzer.run()
+    errors = [d for d in analyzer.diags.items if d.severity is Severity.ERROR]
+    return function, errors[0] if errors else None
 
 
 def _shown(t: TensorType) -> str:

@@ -39,7 +39,7 @@ __all__ = [
 ]  # fmt: skip
 
 #: Kernel kinds that an explicit schedule applies to: the ones with output tiles.
-SCHEDULED_KINDS = ("gemm", "attention", "tile")
+SCHEDULED_KINDS = ("gemm", "attention", "tile", "tile_call")
 #: Kernels that are not launched on the device.
 _NOT_LAUNCHED = ("host", "collective")
 #: The kernel each graph op instantiates, by its op's kind; the ones with a library
@@ -64,7 +64,10 @@ TEMPLATES = {
 def template_of(op: Op) -> str | None:
     """The kernel ``op`` instantiates: its kind's, except that a matmul reading its
     ``b`` transposed (``trans_b``, from ``a @ b.T``) takes ``b``'s rows as its columns,
-    and a transpose that keeps the last axis is a view, which instantiates nothing."""
+    a transpose that keeps the last axis is a view, which instantiates nothing, and a
+    call of the file's tile kernel instantiates that kernel."""
+    if op.kind == "tile_call":
+        return str(op.attr("kernel"))
     if op.kind == "matmul" and op.attr("trans_b"):
         return "gemm_nt"
     if rows_permuted(op):
@@ -142,8 +145,10 @@ class _Scheduler:
         self.names = value_names(function)
         self.readers = _readers(function.body)
         self.guards: list[Guard] = list(function.guards)
-        #: Where the schedule being applied was written, for its diagnostics.
+        #: Where the schedule being applied was written, and the function it was written
+        #: for (a called tile kernel's own), for its diagnostics.
         self.span: Span | None = function.schedule_span
+        self.scheduled = function.name
 
     def run(self) -> HostProgram:
         f = self.function
@@ -202,6 +207,7 @@ class _Scheduler:
         errors = self.diags.error_count
         problem = self._problem(group, ops, anchor)
         knobs, source = self._knobs(group, problem, anchor)
+        program = self._tile_program(group, anchor)
         if problem.d is not None and problem.d.constant is None and "block_d" in knobs:
             self._guard(Guard(
                 "at_most", problem.d, Dim.const(int(knobs["block_d"])),
@@ -209,17 +215,18 @@ class _Scheduler:
             ))  # fmt: skip
         # A loop in T.k (or T.n, T.d) blocks without a product still needs its step; no
         # other use of an unsized tile gets one (``_check_sized``).
+        used = _tile_dims(program) if program is not None else frozenset()
         steps = {k: v for k, v in loop_tiles(problem, self.hw).items()
-                 if _KNOB_SYMBOL[k] in self._loop_steps()}  # fmt: skip
-        tiles = _tiles(group.kind if group.kind == "tile" else problem.works_like,
-                       {**steps, **knobs}, self._tile_dims())  # fmt: skip
-        if group.kind == "tile" and self.diags.error_count == errors:  # one error a kernel
-            self._check_sized(tiles)
+                 if program is not None and _KNOB_SYMBOL[k] in _loop_steps(program)}  # fmt: skip
+        tiles = _tiles("tile" if program is not None else problem.works_like,
+                       {**steps, **knobs}, used)  # fmt: skip
+        if program is not None and self.diags.error_count == errors:  # one error a kernel
+            self._check_sized(program, tiles)
         cost = resources(problem, knobs, self.hw)
         if source == "heuristic" and self.hw.kind == "gpu" and cost.smem_bytes > self.hw.smem_bytes:
             # none of the heuristic's blocks fits (attention's backward at a head dim
             # known only at run time, whose tile is then the widest): not a compiler bug
-            what = template if template != "tile_kernel" else f"'{self.function.name}'"
+            what = f"'{program.name}'" if program is not None else template
             self.diags.error(
                 f"{what} fits the {self.hw.smem_bytes:,} bytes of shared memory a block has on "
                 f"{self.hw.arch} at none of the blocks the schedule tries ({cost.smem_bytes:,} "
@@ -228,7 +235,7 @@ class _Scheduler:
                 anchor.span,
             )
         dot = group.kind in ("gemm", "attention") or (
-            group.kind == "tile" and any(op.kind == "tile.dot" for op in walk(self.function.body))
+            program is not None and any(op.kind == "tile.dot" for op in walk(program.body))
         )
         return Launch(
             group.name, group.kind, index, template, epilogue, tiles, int(knobs["warps"]),
@@ -238,9 +245,23 @@ class _Scheduler:
             persistent=bool(knobs.get("persistent", False)),
         )  # fmt: skip
 
+    def _tile_program(self, group: Group, anchor: Op) -> Function | None:
+        """The tile kernel that a launch runs as written: the function itself, or the
+        file's kernel that a ``tile_call`` calls; None for a group of graph ops."""
+        if group.kind == "tile":
+            return self.function
+        if group.kind == "tile_call":
+            return anchor.attr("kernel").function
+        return None
+
     def _spec(self, anchor: Op) -> ScheduleSpec | None:
-        """The schedule written for a kernel: its op's own (``op.with_schedule(s)``), else
-        its function's."""
+        """The schedule written for a kernel: its op's own (``op.with_schedule(s)``), a
+        called tile kernel's (``@kernel.schedule`` on it), else its function's."""
+        if anchor.kind == "tile_call":
+            callee = anchor.attr("kernel").function
+            self.span, self.scheduled = callee.schedule_span, callee.name
+            return callee.schedule
+        self.scheduled = self.function.name
         own = anchor.attr("schedule")
         self.span = anchor.span if own is not None else self.function.schedule_span
         return own if own is not None else self.function.schedule
@@ -323,14 +344,19 @@ class _Scheduler:
         if spec.is_point:
             knobs = {**default, **{k: v[0] for k, v in spec.choices}}
             for reason in resources(problem, knobs, self.hw).problems:
-                self.diags.error(
-                    f"schedule for '{self.function.name}' cannot run: {reason}",
-                    self.span,
-                    (Note(f"schedule: {spec}"),),
-                )
+                self._once(
+                    self.diags.error, f"schedule for '{self.scheduled}' cannot run: {reason}",
+                    Note(f"schedule: {spec}"),
+                )  # fmt: skip
             return knobs, "explicit"
         picked = self._pick(spec, default, problem)
         return (picked, "space") if picked is not None else (default, "heuristic")
+
+    def _once(self, say: Any, message: str, note: Note) -> None:
+        """Say ``message`` at the schedule being applied, unless it was said there: a
+        tile kernel's schedule serves the calls of it too, whose problems are the same."""
+        if all((d.message, d.span) != (message, self.span) for d in self.diags.items):
+            say(message, self.span, (note,))
 
     def _pick(
         self, spec: ScheduleSpec, default: dict[str, Any], problem: Problem
@@ -349,11 +375,11 @@ class _Scheduler:
             else:
                 feasible.append(knobs)
         if not feasible:
-            self.diags.warning(
-                f"no schedule in the space of '{self.function.name}' fits {self.hw.arch} "
+            self._once(
+                self.diags.warning,
+                f"no schedule in the space of '{self.scheduled}' fits {self.hw.arch} "
                 f"({reasons[0]}); using the default schedule for {self.hw.arch}",
-                self.span,
-                (Note(f"space: {spec}"),),
+                Note(f"space: {spec}"),
             )
             return None
         return max(feasible, key=lambda k: (score(problem, k, self.hw), -_distance(k, default)))
@@ -380,8 +406,10 @@ class _Scheduler:
                 return Problem(kind, x.type.dtype, dims[-2], dims[-1], batch=dims[:-2])
             rows = _product(d for i, d in enumerate(dims) if i != axis)
             return Problem(kind, x.type.dtype, rows, dims[axis])
-        if kind == "tile":
-            return self._tile_problem()
+        if kind in ("tile", "tile_call"):
+            program = self._tile_program(group, anchor)
+            assert program is not None
+            return self._tile_problem(program)
         if kind == "columns":  # blocks of the columns, each walking every row
             x = anchor.operands[0]
             return Problem(kind, x.type.dtype, x.type.dims[-1], x.type.dims[-2])
@@ -395,9 +423,8 @@ class _Scheduler:
                            batch=out.dims[:-2])  # fmt: skip
         return Problem(kind, out.dtype, _product(out.dims))
 
-    def _tile_problem(self) -> Problem:
+    def _tile_problem(self, f: Function) -> Problem:
         """A tile kernel's sizes, from its result (or what it stores) and its loop."""
-        f = self.function
         ops = list(walk(f.body))
         stores = [op.operands[0].type for op in ops if op.kind == "tile.store"]
         loads = [op.operands[0].type for op in ops if op.kind == "tile.load"]
@@ -408,7 +435,7 @@ class _Scheduler:
         blocks = [t for t in loads if t.rank >= 2] or loads
         dtype = max((t.dtype for t in blocks), key=lambda d: d.bits) if blocks else out.dtype
         loop = next((op.attr("extent") for op in ops if op.kind == "tile.for"), None)
-        tiles = self._tile_dims()
+        tiles = _tile_dims(f)
         head = _head_dim(ops) if "T.d" in tiles else None
         # tiles of T.d columns held through a loop over blocks: attention's queries; in
         # its backward pass, which multiplies probabilities itself (staged, as two held
@@ -442,39 +469,35 @@ class _Scheduler:
             # (it loads its block with rows=T.n, cols=T.m).
             return Problem("tile", dtype, dims[-2], dims[-1], batch=dims[:-2], shape="layout")
         rows = next((t for t in loads if len(t.dims) >= 2), None)
-        if len(dims) == 1 and rows is not None:  # rows of a matrix, one value each
-            return Problem("tile", dtype, dims[0], rows.dims[-1], shape="reduction")
+        returned = f.body.yields[0].type if f.body.yields else None
+        one_a_row = len(dims) == 1 or (isinstance(returned, TileType) and returned.rank == 1)
+        if rows is not None and one_a_row:
+            # rows of a matrix, one value each; a leading dim of the result is a grid axis
+            # (a [B, S] result of [B, S, C] rows), as the tile stage lays the programs out
+            return Problem("tile", dtype, dims[-1], rows.dims[-1], batch=dims[:-1],
+                           shape="reduction")  # fmt: skip
         if len(dims) == 1:
             return Problem("tile", dtype, dims[0], shape="elementwise")
         return Problem("tile", dtype, dims[-2], dims[-1], batch=dims[:-2], shape="reduction")
 
-    def _check_sized(self, tiles: tuple[tuple[str, int], ...]) -> None:
+    def _check_sized(self, program: Function, tiles: tuple[tuple[str, int], ...]) -> None:
         """Every tile size a tile kernel uses has a value in its schedule. The schedule
         sizes them by the kernel's shape (``_SIZED_AS``); another use, such as
         ``cols=T.n`` in a kernel that returns one value per row, left the size without
         a value in the generated code (which did not build), and given one, each program
         would read the first block of its axis only, of a width that the target picks."""
         sized = {name for name, _ in tiles}
-        for op in walk(self.function.body):
+        for op in walk(program.body):
             missing = sorted(_tile_symbols(op) - sized)
             if missing:
                 self.diags.error(
-                    f"{missing[0]} has no size in '{self.function.name}': the schedule sizes "
+                    f"{missing[0]} has no size in '{program.name}': the schedule sizes "
                     f"it only as {_SIZED_AS[missing[0]]}; here each program would cover a "
                     "block of its axis of no known width. Load the whole axis instead "
                     "(cols= left out)",
                     op.span,
                 )
                 return
-
-    def _loop_steps(self) -> frozenset[str]:
-        """The tile sizes a tile kernel's ``tile.range_n`` loops step by."""
-        return frozenset(s for op in walk(self.function.body) if op.kind == "tile.for"
-                         for s in op.attr("block").symbols() if s.startswith("T."))  # fmt: skip
-
-    def _tile_dims(self) -> frozenset[str]:
-        """The tile sizes (``T.m``, ...) a tile kernel's types and loops mention."""
-        return frozenset(s for op in walk(self.function.body) for s in _tile_symbols(op))
 
     def _boundary(self, group: Group) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Values the group reads from outside and values it writes for others."""
@@ -584,6 +607,17 @@ _SIZED_AS = {
 
 #: The tile size each loop knob gives a value to.
 _KNOB_SYMBOL = {"block_n": "T.n", "block_k": "T.k", "block_d": "T.d"}
+
+
+def _loop_steps(program: Function) -> frozenset[str]:
+    """The tile sizes a tile kernel's ``tile.range_n`` loops step by."""
+    return frozenset(s for op in walk(program.body) if op.kind == "tile.for"
+                     for s in op.attr("block").symbols() if s.startswith("T."))  # fmt: skip
+
+
+def _tile_dims(program: Function) -> frozenset[str]:
+    """The tile sizes (``T.m``, ...) a tile kernel's types and loops mention."""
+    return frozenset(s for op in walk(program.body) for s in _tile_symbols(op))
 
 
 def _tile_symbols(op: Op) -> set[str]:

@@ -64,7 +64,7 @@ class _KernelView:
         body_names = names_used((*self.c.body, *self.c.storage, self.c.scratch))
         grid_names = body_names | names_used(extent for _, extent, _ in self.c.grid)
         self.name = self.c.name
-        self.source = _origin(kernel)
+        self.source = kernel.origin
         self.grid = self.c.grid
         self.body = self.c.body
         self.storage = self.c.storage
@@ -84,12 +84,6 @@ class _KernelView:
         #: The launch's arguments as its caller names them: parameters by their Tile IR
         #: names, then the sizes by theirs.
         self.launch_args = [p.source for p in self.c.params] + launch_dims
-
-
-def _origin(kernel: TileKernel) -> str:
-    if kernel.template == "tile_kernel":
-        return f"tile kernel {kernel.function}"
-    return f"launch {kernel.launch} of {kernel.function}: the library's {kernel.template}"
 
 
 class _FunctionView:

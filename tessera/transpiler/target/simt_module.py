@@ -68,11 +68,7 @@ class _KernelView:
         self.wgmma = simt.wgmma
         self.prologue = simt.prologue
         self.body = simt.body
-        self.origin = (
-            f"tile kernel {kernel.function}"
-            if kernel.template == "tile_kernel"
-            else f"launch {kernel.launch} of {kernel.function}: the library's {kernel.template}"
-        )
+        self.origin = kernel.origin
         self.dims = kernel_sizes(kernel)
         # a tensor whose data no statement reads (pad's ``like``, which gives only a row
         # length) keeps its place, unnamed

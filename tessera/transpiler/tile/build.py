@@ -1,7 +1,8 @@
 """The tile stage: every launch of the Schedule IR becomes a Tile IR kernel.
 
 A user's tile kernel is lowered as written; a fused graph group instantiates
-the standard-library kernel of its anchor op. Launches that run no tile
+the standard-library kernel of its anchor op, or the file's tile kernel that
+its ``tile_call`` calls. Launches that run no tile
 program (host-side work, collectives) are listed as runtime calls. A group
 that no library kernel implements yet is an error at its op, which names
 the stage that still shows it (``--emit sched``).
@@ -118,7 +119,13 @@ def _lower_launch(
         )
         return None
     ops = _views_as_params(ops, rename)
-    anchor = next((op for op in ops if op.kind in ANCHORS and template_of(op)), None)
+    for op in ops:
+        if op.kind == "tile_call":
+            _arguments_retyped(op, rename)
+    anchor = next(
+        (op for op in ops if (op.kind in ANCHORS or op.kind == "tile_call") and template_of(op)),
+        None,
+    )
     views = _in_place(anchor, ops, rename)
     ops = [op for op in ops if not _viewed(op, views)]
     params = tuple({v.id: v for v in rename.values()}.values())
@@ -174,6 +181,18 @@ def _views_as_params(ops: list[Op], rename: dict[int, Value]) -> list[Op]:
         else:
             rename[op.result.id] = _retyped(rename, source, op.result.type)
     return kept
+
+
+def _arguments_retyped(call: Op, rename: dict[int, Value]) -> None:
+    """The tensors a ``tile_call`` reads, as kernel parameters of the types its kernel
+    declares them with: in the caller's sizes, where those that a guard checks agree
+    are one (the kernel's ``C`` of both ``x`` and ``b``, though ``b`` is ``[E]`` where
+    it is passed)."""
+    kernel = call.attr("kernel").function
+    declared = {p.value.name: p.value.type for p in kernel.params}
+    for name, value in zip(call.attr("params"), call.operands, strict=True):
+        if isinstance(value.type, TensorType) and value.id in rename:
+            _retyped(rename, value, declared[name])
 
 
 def _retyped(rename: dict[int, Value], value: Value, t: TensorType) -> Value:

@@ -1,4 +1,5 @@
-"""Instantiate a standard-library tile kernel for a fused Graph IR group.
+"""Instantiate a tile kernel for a fused Graph IR group: the standard library's, or the
+file's own that a graph function calls (``tile_call``).
 
 The library's kernels (``tessera/stdlib/*.tsr``) are written once, for one
 representative dtype. A group anchored at ``matmul``, ``flash_attention``,
@@ -11,7 +12,9 @@ dtype rule applies as if the user had written it. The group's other ops
 result tile before it is stored. Elementwise ops that compute the anchor's
 first operand (``softmax(x * scale)``) become its prologue, applied where
 the kernel loads that operand; a group of elementwise ops alone is the
-prologue of the ``elementwise`` kernel, which only loads it.
+prologue of the ``elementwise`` kernel, which only loads it. A call of the
+file's own tile kernel was typed for its arguments when it was analysed; its
+group's elementwise ops after it are its epilogue likewise.
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ from typing import Any
 from ..frontend import ast
 from ..frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Note, Severity
 from ..frontend.kept_parse import parse_library_file
-from ..frontend.parser import parse
-from ..frontend.source import SourceFile
+from ..graph.annotations import type_expr
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
 from ..graph.graph_ops import DRAWN, rows_permuted, view_starts
@@ -82,25 +84,6 @@ def _stdlib_module(template: str) -> ast.Module:
     return parse_library_file(f"tessera/stdlib/{template}.tsr", text)
 
 
-def _type_expr(t: TensorType) -> ast.TypeExpr:
-    """The annotation that spells ``t``, parsed as a user would have written it."""
-    dims = ", ".join(f'"{d}"' for d in t.dims)
-    policies = f" {t.policies}" if str(t.policies) else ""
-    return _annotation(f"Tensor[{dims}, {t.dtype}{policies}]")
-
-
-@functools.cache
-def _annotation(spelling: str) -> ast.TypeExpr:
-    """The annotation ``spelling``, parsed once a process: a group's operands and result
-    often share their type, and the tree is never changed."""
-    diags = Diagnostics()
-    module = parse(SourceFile("<type>", f"def f(x: {spelling}): ...\n"), diags)
-    assert module is not None and not diags.items, f"cannot spell {spelling}"
-    annotation = module.functions()[0].params[0].annotation
-    assert annotation is not None
-    return annotation
-
-
 def stdlib_kernel(
     template: str, operands: tuple[TensorType, ...], result: TensorType, span: Any,
     names: tuple[str, ...],
@@ -115,10 +98,10 @@ def stdlib_kernel(
     absent = TensorType((first.dims[-1],), first.dtype)
     typed.update((n, absent) for n in TEMPLATE_PARAMS[template] if n not in typed)
     params = tuple(
-        dataclasses.replace(p, annotation=_type_expr(typed[p.name])) if p.name in typed else p
+        dataclasses.replace(p, annotation=type_expr(typed[p.name])) if p.name in typed else p
         for p in fn.params
     )
-    fn = dataclasses.replace(fn, params=params, returns=_type_expr(result))
+    fn = dataclasses.replace(fn, params=params, returns=type_expr(result))
     diags = Diagnostics()
     try:
         sizes = frozenset(s for t in (*operands, result) for d in t.dims for s in d.symbols())
@@ -139,14 +122,49 @@ def instantiate(
     group_ops: list[Op], anchor: Op | None, template: str, params: tuple[Value, ...],
     rename: dict[int, Value], views: dict[int, View], name: str, function: str, kind: str,
 ) -> tuple[Function, KernelInput]:  # fmt: skip
-    """The typed library kernel for a group, and how to lower it. ``rename`` maps the
-    graph values the group reads and writes to the kernel's parameters; the last
-    parameter is the output, unless ``views`` stores the group's result through one;
-    ``views`` also has the anchor's operands that the kernel reads where they lie.
+    """The typed kernel for a group, and how to lower it: the library kernel
+    ``template``, or for a ``tile_call`` the file's tile kernel that it calls. ``rename``
+    maps the graph values the group reads and writes to the kernel's parameters; the
+    last parameter is the output, unless ``views`` stores the group's result through
+    one; ``views`` also has the anchor's operands that the kernel reads where they lie.
     Without an ``anchor`` (a group of elementwise ops) the kernel is ``elementwise`` and
     every op is its prologue."""
     split = group_ops.index(anchor) if anchor is not None else len(group_ops)
     prologue, epilogue = group_ops[:split], group_ops[split + 1 :]
+    if anchor is not None and anchor.kind == "tile_call":
+        fn, bind = _called_kernel(anchor, rename)
+    else:
+        fn, bind = _library_kernel(group_ops, anchor, template, prologue, rename, views)
+    given = KernelInput(
+        name, function, params, bind, views.get(group_ops[-1].result.id, params[-1]),
+        chain_builder(epilogue, rename, anchor.result) if epilogue and anchor else None,
+        template, kind,
+    )  # fmt: skip
+    return fn, given
+
+
+def _called_kernel(anchor: Op, rename: dict[int, Value]) -> tuple[Function, dict[int, Any]]:
+    """The file's tile kernel that a ``tile_call`` runs, typed for its arguments when it
+    was analysed (``TileCallee``), and its parameters bound: each argument the op reads
+    to the kernel parameter it maps to, each number (a scalar given as a constant, or a
+    default) to itself."""
+    fn = anchor.attr("kernel").function
+    read = dict(zip(anchor.attr("params"), anchor.operands, strict=True))
+    numbers = dict(anchor.attr("constants"))
+    bind: dict[int, Any] = {}
+    for param in fn.params:
+        name = param.value.name
+        bind[param.value.id] = rename[read[name].id] if name in read else numbers[name]
+    return fn, bind
+
+
+def _library_kernel(
+    group_ops: list[Op], anchor: Op | None, template: str, prologue: list[Op],
+    rename: dict[int, Value], views: dict[int, View],
+) -> tuple[Function, dict[int, Any]]:  # fmt: skip
+    """The library kernel ``template`` typed for the group, and its parameters bound:
+    each operand to its kernel parameter, or to the prologue that computes it where it
+    is loaded, and each keyword parameter to the anchor's attribute (``_keyword``)."""
     if anchor is None:
         tensors: tuple[Value, ...] = (group_ops[-1].result,)
         result = group_ops[-1].result.type
@@ -179,12 +197,7 @@ def instantiate(
             bind[param.value.id] = Prologue(new_value(tensor.type, param.value.name), build)
         else:
             bind[param.value.id] = views.get(tensor.id) or rename[tensor.id]
-    given = KernelInput(
-        name, function, params, bind, views.get(group_ops[-1].result.id, params[-1]),
-        chain_builder(epilogue, rename, anchor.result) if epilogue and anchor else None,
-        template, kind,
-    )  # fmt: skip
-    return fn, given
+    return fn, bind
 
 
 def narrow_accumulation(fn: Function, dtype: DType) -> Function:

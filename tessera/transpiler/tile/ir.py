@@ -251,7 +251,8 @@ class TileKernel:
     #: The launch (``k0``) this kernel implements and its Graph IR group kind.
     launch: str
     kind: str
-    #: The standard-library kernel it instantiates ("tile_kernel" for a user's).
+    #: The standard-library kernel it instantiates ("tile_kernel" for a user's), or for
+    #: a ``tile_call`` launch the file's tile kernel that it calls.
     template: str
     #: Every tensor and scalar the kernel reads or writes, in signature order.
     params: tuple[Value, ...]
@@ -282,6 +283,15 @@ class TileKernel:
     @property
     def smem_bytes(self) -> int:
         return max((s.offset + s.bytes for s in self.smem), default=0)
+
+    @property
+    def origin(self) -> str:
+        """Where the kernel's code comes from, as the generated source's comment says."""
+        if self.template == "tile_kernel":
+            return f"tile kernel {self.function}"
+        if self.kind == "tile_call":
+            return f"launch {self.launch} of {self.function}: the tile kernel {self.template}"
+        return f"launch {self.launch} of {self.function}: the library's {self.template}"
 
     @property
     def uses_wgmma(self) -> bool:
