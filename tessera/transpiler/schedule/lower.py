@@ -518,13 +518,21 @@ class _Scheduler:
     def _saved(self, buffers: tuple) -> tuple[str, ...] | None:
         """The buffers written before the backward pass's first launch and read from it
         on: what a backward pass keeps of the forward's values (``remat=`` and
-        ``checkpoint`` choose it). None for a function without a backward pass."""
+        ``checkpoint`` choose it). That launch may compute forward ops too (elementwise
+        ones, fused with the backward's): the forward values it writes for later
+        launches are kept as well. None for a function without a backward pass."""
         groups = self.function.groups
         start = next((index for index, group in enumerate(groups)
                       if any(op.backward for op in self._ops(group))), None)  # fmt: skip
         if start is None:
             return None
-        return tuple(b.name for b in buffers if b.first < start <= b.last)
+        forward = {self.names[r.id] for op in self._ops(groups[start]) if not op.backward
+                   for r in op.results}  # fmt: skip
+        return tuple(
+            b.name
+            for b in buffers
+            if b.first < start <= b.last or (b.first == start < b.last and b.name in forward)
+        )
 
 
 def _readers(body: Block) -> dict[int, set[int]]:
