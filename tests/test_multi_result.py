@@ -16,6 +16,7 @@ import pytest
 
 import tessera
 
+from .conftest import ROOT
 from .everywhere import EVERY_TARGET, load_everywhere
 from .reference import f64
 
@@ -110,64 +111,73 @@ def test_several_results_of_one_kernel_match_float64(
     np.testing.assert_allclose(out[1], np.maximum(hw, 0.0), rtol=1e-4, atol=1e-4)
 
 
-ADAM = """\
-def adamw(w: Tensor["N", f32], dw: Tensor["N", f32], m: Tensor["N", f32],
-          v: Tensor["N", f32], lr: float, step: int
-          ) -> tuple[Tensor["N", f32], Tensor["N", f32], Tensor["N", f32]]:
-    return fused_adam(w, dw, m, v, lr=lr, step=step, weight_decay=0.1)
+#: The example's AdamW steps on a state (the f32 parameter's, and the bf16 one's with an
+#: f32 master), and the step on tensors of one's own, whose results are poisoned first.
+ADAM = (ROOT / "examples/optimizer_step.tsr").read_text(encoding="utf-8") + """
 
-def adamw_master(w: Tensor["N", bf16], dw: Tensor["N", bf16],
-                 state: OptimizerState[w] @fp32_master, lr: float, step: int
-                 ) -> tuple[Tensor["N", bf16], OptimizerState[w] @fp32_master]:
-    w, state = fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.1)
-    return w, state
+def adamw_tensors(w: Tensor["N", f32], dw: Tensor["N", f32], m: Tensor["N", f32],
+                  v: Tensor["N", f32], lr: float, step: int
+                  ) -> tuple[Tensor["N", f32], Tensor["N", f32], Tensor["N", f32]]:
+    return fused_adam(w, dw, m, v, lr=lr, step=step, weight_decay=0.01)
 """
 LR, STEPS = 0.02, 3
 
 
 def test_the_adamw_step_is_one_kernel() -> None:
     program = tessera.compile(ADAM, filename="adam.tsr", target="cpu")
-    assert _launches(program, "adamw") == 1
-    assert _launches(program, "adamw_master") == 1
+    for name in ("adamw", "adamw_bf16", "adamw_tensors"):
+        assert _launches(program, name) == 1, name
+
+
+def _torch_adamw(param: np.ndarray) -> tuple[Any, Any]:
+    """A float64 copy of ``param`` and ``torch.optim.AdamW`` over it, with the example's
+    weight decay."""
+    import torch
+
+    tp = torch.tensor(f64(param), requires_grad=True)
+    return tp, torch.optim.AdamW([tp], lr=LR, weight_decay=0.01)
+
+
+def _torch_step(tp: Any, optimizer: Any, grad: np.ndarray) -> tuple[np.ndarray, ...]:
+    """One step of ``optimizer`` with ``grad``: the parameter and both moments after it."""
+    import torch
+
+    tp.grad = torch.tensor(f64(grad))
+    optimizer.step()
+    moments = optimizer.state[tp]
+    return tp.detach().numpy(), moments["exp_avg"].numpy(), moments["exp_avg_sq"].numpy()
 
 
 @pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
 def test_the_one_kernel_adamw_step_matches_torch(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Several steps against ``torch.optim.AdamW`` in float64: the f32 parameter and
-    moments, and the bf16 parameter with its f32 master state (AdamW on the master, the
-    parameter its rounding to bf16)."""
-    torch = pytest.importorskip("torch")
+    """Several steps against ``torch.optim.AdamW`` in float64: an f32 parameter with its
+    moments as tensors (results poisoned first) and as an ``OptimizerState``, and a bf16
+    parameter with an f32 master state (AdamW on the master, the parameter its rounding
+    to bf16)."""
+    pytest.importorskip("torch")
     lib: Any = load_everywhere(ADAM, target, arch, monkeypatch)
     rng = np.random.default_rng(5)
     w = rng.standard_normal(N).astype(np.float32)
     m, v = np.zeros_like(w), np.zeros_like(w)
-    tw = torch.tensor(w, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.AdamW([tw], lr=LR, weight_decay=0.1)
+    ws, state = w.copy(), tessera.OptimizerState.init(w)
     wb = w.astype(BF16)
-    state = tessera.OptimizerState.init(wb, fp32_master=True)
-    tm = torch.tensor(state.master, dtype=torch.float64, requires_grad=True)
-    master_optimizer = torch.optim.AdamW([tm], lr=LR, weight_decay=0.1)
+    master = tessera.OptimizerState.init(wb, fp32_master=True)
+    torches = [_torch_adamw(w), _torch_adamw(w), _torch_adamw(master.master)]
     for step in range(1, STEPS + 1):
         grad = rng.standard_normal(N).astype(np.float32)
         out = _poisoned(*(((N,), np.float32),) * 3)
-        lib.adamw(w, grad, m, v, LR, step, out=out)
+        lib.adamw_tensors(w, grad, m, v, LR, step, out=out)
         w, m, v = out
-        tw.grad = torch.tensor(grad, dtype=torch.float64)
-        optimizer.step()
-        moments = optimizer.state[tw]
-        want = (tw.detach().numpy(), moments["exp_avg"].numpy(), moments["exp_avg_sq"].numpy())
-        for name, have, ref in zip(("param", "m", "v"), (w, m, v), want, strict=True):
-            np.testing.assert_allclose(have, ref, rtol=1e-5, atol=1e-6, err_msg=name)
-
-        gb = grad.astype(BF16)
-        wb, same = lib.adamw_master(wb, gb, state, LR, step)
+        ws, same = lib.adamw(ws, grad, state, LR, step)
         assert same is state
-        tm.grad = torch.tensor(f64(gb))
-        master_optimizer.step()
-        moments = master_optimizer.state[tm]
-        want = (tm.detach().numpy(), moments["exp_avg"].numpy(), moments["exp_avg_sq"].numpy())
-        for name, have, ref in zip(("master", "m", "v"), state.arrays(), want, strict=True):
-            np.testing.assert_allclose(have, ref, rtol=1e-5, atol=1e-6, err_msg=name)
-        np.testing.assert_array_equal(wb, state.master.astype(BF16))
+        gb = grad.astype(BF16)
+        wb, same = lib.adamw_bf16(wb, gb, master, LR, step)
+        assert same is master
+        got = [(w, m, v), (ws, state.m, state.v), master.arrays()]
+        for (tp, optimizer), have, g in zip(torches, got, (grad, grad, gb), strict=True):
+            want = _torch_step(tp, optimizer, g)
+            for name, a, b in zip(("param", "m", "v"), have, want, strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"{step} {name}")
+        np.testing.assert_array_equal(wb, master.master.astype(BF16))
