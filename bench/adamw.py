@@ -4,19 +4,21 @@ against ``torch.optim.AdamW`` and this machine's copy bandwidth, in one process.
 16M parameters: f32 (the moments f32), and bf16 with an f32 master copy
 (``OptimizerState[w] @fp32_master``; torch steps the f32 master and copies it into the
 bf16 parameter, as mixed-precision training does). ``tessera`` is ``fused_adam`` on
-tensors, one elementwise kernel writing the parameter and both moments into
-preallocated arrays; ``tessera_state`` the same step on an ``OptimizerState``, which
-the runtime copies into the donated state's arrays after the kernel (the kernel does
-not write them in place yet). ``before`` is the same step as the kernels fusion made of
-it when a kernel wrote one value: the new ``m``, then ``v``, then the parameter reading
-both back (and, with a master, the gradient widened first and the bf16 parameter last),
-each a compiled function of its own, so that the intermediates go through memory as
-they did. The peers are ``torch.optim.AdamW`` with ``foreach=True`` and with
-``fused=True``. The bytes a step must move are the parameter, gradient and moments
-read (and the master) and the new ones written: 28 bytes a parameter either way;
-``of_copy_bandwidth`` is those bytes over the time, against a numpy copy (``copyto``) of
-one 16M f32 array. Median of interleaved runs after warm-up (``bench/cpu.py``'s
-method); results go to ``bench/results/adamw.json``.
+tensors, one elementwise kernel writing the parameter and both moments (and, with
+``master=``, the bf16 parameter) into preallocated arrays; ``tessera_state`` the same
+step on an ``OptimizerState``: the runtime allocates the kernel's results and copies
+them into the donated state's arrays after it (the kernel does not write them in place
+yet), as the state's step did before too. ``before`` is the same step as the kernels
+fusion made of it when a kernel wrote one value: the new ``m``, then ``v``, then the
+parameter reading both back (and, with a master, the gradient widened first and the
+bf16 parameter last), each a compiled function of its own writing into preallocated
+arrays, so that the intermediates go through memory as they did. The peers are
+``torch.optim.AdamW`` with ``foreach=True`` and with ``fused=True``. The bytes a step
+must move are the parameter, gradient and moments read (and the master) and the new
+ones written: 28 bytes a parameter either way; ``of_copy_bandwidth`` is those bytes
+over the time, against a numpy copy (``copyto``) of one 16M f32 array. Median of
+interleaved runs after warm-up (``bench/cpu.py``'s method); results go to
+``bench/results/adamw.json``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ def adamw_tensors(w: Tensor["N", f32], dw: Tensor["N", f32], m: Tensor["N", f32]
                   v: Tensor["N", f32], lr: float, step: int
                   ) -> tuple[Tensor["N", f32], Tensor["N", f32], Tensor["N", f32]]:
     return fused_adam(w, dw, m, v, lr=lr, step=step, weight_decay=0.01)
+
+def adamw_master_tensors(w: Tensor["N", bf16], dw: Tensor["N", bf16], m: Tensor["N", f32],
+                         v: Tensor["N", f32], w32: Tensor["N", f32], lr: float, step: int
+                         ) -> tuple[Tensor["N", bf16], Tensor["N", f32], Tensor["N", f32],
+                                    Tensor["N", f32]]:
+    return fused_adam(w, dw, m, v, lr=lr, step=step, weight_decay=0.01, master=w32)
 
 def widened(dw: Tensor["N", bf16]) -> Tensor["N", f32]:
     return cast(dw, f32)
@@ -149,7 +157,9 @@ def main() -> None:
         param = torch.from_numpy(wb.view(np.uint16).copy()).view(torch.bfloat16)
         optimizer = _torch_adamw(tm, torch.from_numpy(gb.astype(np.float32)), **{kind: True})
         masters[kind] = partial(_torch_master_step, optimizer, tm, param)
+    outs = (np.empty_like(wb), *(np.empty_like(w) for _ in range(3)))
     t = timed({
+        "tessera": partial(lib.adamw_master_tensors, wb, gb, m, v, w, LR, STEP, out=outs),
         "tessera_state": partial(lib.adamw_bf16, wb, gb, master, LR, STEP),
         "before": partial(_before_master, lib, gb, w, m, v, before_outs),
         "torch_foreach": masters["foreach"],
