@@ -6,9 +6,8 @@ against ``torch.optim.AdamW`` and this machine's copy bandwidth, in one process.
 bf16 parameter, as mixed-precision training does). ``tessera`` is ``fused_adam`` on
 tensors, one elementwise kernel writing the parameter and both moments (and, with
 ``master=``, the bf16 parameter) into preallocated arrays; ``tessera_state`` the same
-step on an ``OptimizerState``: the runtime allocates the kernel's results and copies
-them into the donated state's arrays after it (the kernel does not write them in place
-yet), as the state's step did before too. ``before`` is the same step as the kernels
+step on an ``OptimizerState``, whose kernel writes the state in place on the CPU (the
+new parameter is a result the runtime allocates). ``before`` is the same step as the kernels
 fusion made of it when a kernel wrote one value: the new ``m``, then ``v``, then the
 parameter reading both back (and, with a master, the gradient widened first and the
 bf16 parameter last), each a compiled function of its own writing into preallocated

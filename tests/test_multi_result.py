@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tessera
+from tessera.runtime import optstate
 
 from .conftest import ROOT
 from .everywhere import EVERY_TARGET, load_everywhere
@@ -129,6 +130,31 @@ def test_the_adamw_step_is_one_kernel() -> None:
         assert _launches(program, name) == 1, name
 
 
+def _never(target: Any, source: Any) -> None:
+    raise AssertionError("the state was copied, not written in place")
+
+
+def test_the_cpu_kernel_writes_the_state_in_place_where_nothing_reads_it_after() -> None:
+    """The schedule says which results go into the donated state's memory: all of a
+    state's, on the CPU, where every op that reads the old state computes the new;
+    ``t`` reads ``state.m`` and is read by what the new ``m`` is not computed from, so
+    that state is computed apart and copied (the GPU emitters never write it in place)."""
+    later = ADAM + """
+def adamw_read(w: Tensor["N", f32], dw: Tensor["N", f32], state: OptimizerState[w],
+               lr: float, step: int) -> tuple[Tensor["N", f32], OptimizerState[w]]:
+    t = state.m * 2.0
+    w, state = fused_adam(w, dw, state, lr=lr, step=step)
+    return w + t, state
+"""
+    sched = tessera.compile(later, filename="adam.tsr", target="cpu").inspect_ir("sched")
+    blocks = {b.split(" ", 1)[0]: b for b in sched.split("host @")[1:]}
+    assert "in place %2 into %state_m, %6 into %state_v" in blocks["adamw"], blocks["adamw"]
+    assert "in place %23 into %state_master, %3 into %state_m" in blocks["adamw_bf16"]
+    assert "in place" not in blocks["adamw_read"], blocks["adamw_read"]
+    gpu = tessera.compile(later, filename="adam.tsr", target="cuda").inspect_ir("sched")
+    assert "in place" not in gpu
+
+
 def _torch_adamw(param: np.ndarray) -> tuple[Any, Any]:
     """A float64 copy of ``param`` and ``torch.optim.AdamW`` over it, with the example's
     weight decay."""
@@ -158,6 +184,8 @@ def test_the_one_kernel_adamw_step_matches_torch(
     to bf16)."""
     pytest.importorskip("torch")
     lib: Any = load_everywhere(ADAM, target, arch, monkeypatch)
+    if target == "cpu":  # the kernel writes the state in place: nothing is copied into it
+        monkeypatch.setattr(optstate, "_assign", _never)
     rng = np.random.default_rng(5)
     w = rng.standard_normal(N).astype(np.float32)
     m, v = np.zeros_like(w), np.zeros_like(w)
