@@ -58,6 +58,14 @@ DOCUMENTS = [
 ]
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
          "eleven", "twelve"]  # fmt: skip
+#: Two tensors of one shape, and ``fused_adam`` with ``master=`` on tensors.
+PAIR = 'x: Tensor["R", "C", f32], y: Tensor["R", "C", f32]'
+ADAM_MASTER = """\
+def f(w: Tensor["N", bf16], dw: Tensor["N", bf16], m: Tensor["N", f32], v: Tensor["N", f32],
+      w32: Tensor["N", f32]) -> tuple[Tensor["N", bf16], Tensor["N", f32], Tensor["N", f32],
+                                      Tensor["N", f32]]:
+    return fused_adam(w, dw, m, v, lr=0.1, step=1, master=w32)
+"""
 #: A count of kernels in prose: "12 kernels", "is one kernel", "one elementwise kernel".
 COUNT = re.compile(rf"(?<![\w:.+-])(?:\d+|{'|'.join(WORDS)})(?: [\w`-]+)? kernels?\b")
 #: Phrases that COUNT finds but that state no figure of a program's output.
@@ -166,6 +174,18 @@ FIGURES = [
                                           "transpose(x, (2, 0, 1))")))),
     Figure("docs/ops.md", "is kept between the {n} kernels as the floats 1.0 and 0.0",
            lambda: len(_launches(_snippet(WHERE, "where(b < 0.5, x, y)")))),
+    Figure("docs/graph-ir.md", "(`a = x * y; return a, exp(a) + 1.0` is {n} kernel",
+           lambda: len(_launches(_snippet(PAIR, "a, exp(a) + 1.0", "a = x * y")))),
+    Figure("docs/graph-ir.md", "and a `fused_adam` step is {n} kernel",
+           lambda: len(_launches("examples/optimizer_step.tsr", "adamw"))),
+    Figure("docs/autodiff.md", "The graph op is {n} elementwise kernel",
+           lambda: _launches(ADAM_MASTER).count("elementwise")),
+    Figure("docs/autodiff.md", "where the {n} elementwise kernel that computes the new state",
+           lambda: _launches("examples/optimizer_step.tsr", "adamw_bf16").count("elementwise")),
+    Figure("docs/autodiff.md", "An `OptimizerState` step is {n} elementwise kernel",
+           lambda: _launches("examples/optimizer_step.tsr", "adamw").count("elementwise")),
+    Figure("examples/optimizer_step.tsr", "in the same pass, {n} elementwise kernel",
+           lambda: _launches("examples/optimizer_step.tsr", "adamw_bf16").count("elementwise")),
 ]  # fmt: skip
 
 

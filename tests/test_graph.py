@@ -719,11 +719,27 @@ def test_chains_that_one_elementwise_op_joins_are_one_kernel(
             "    y = x * 2.0\n    return y - max(y, axis=-1, keepdims=True)\n",
             [("elementwise", ["mul"]), ("reduction", ["max"]), ("elementwise", ["sub"])],
         ),
-        # a reduction reads y, which mul also reads: y is written first
+        # a reduction reads y, which mul also reads: y's kernel computes z too, and
+        # writes both
         (
             "    y = relu(x)\n    z = y * 2.0\n    return z + sum(y, axis=-1, keepdims=True)\n",
-            [("elementwise", ["relu"]), ("elementwise", ["mul"]), ("reduction", ["sum"]),
+            [("elementwise", ["relu", "mul"]), ("reduction", ["sum"]),
              ("elementwise", ["add"])],
+        ),
+        # so does a chain whose intermediate is returned too
+        (
+            "    y = relu(x)\n    return y, exp(y) + 1.0\n",
+            [("elementwise", ["relu", "exp", "add"])],
+        ),
+        # but a product writes one value: its epilogue is a kernel of its own
+        (
+            "    y = x @ x.T\n    return y, exp(y) + 1.0\n",
+            [("gemm", ["matmul"]), ("elementwise", ["exp", "add"])],
+        ),
+        # and a value of another shape than the kernel's result is written by its own
+        (
+            "    s = v * 2.0\n    return s, x + s\n",
+            [("elementwise", ["mul"]), ("elementwise", ["add"])],
         ),
         # the epilogue of the sum has no d, which its prologue computes: d is written
         (

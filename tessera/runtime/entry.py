@@ -70,8 +70,13 @@ class Entry:
         #: The ``OptimizerState`` parameters and results, if any: a call takes and
         #: returns state objects in place of their arrays.
         self._states = (
-            StateSignature(self.name, self._inputs, meta["states"]) if "states" in meta else None
+            StateSignature(self.name, self._inputs, meta["states"], meta["results"])
+            if "states" in meta
+            else None
         )
+        #: The results that the kernels may write over an input, by name: a returned
+        #: state's tensors over the donated state's (``in_place``).
+        self._donated = self._states.donated if self._states is not None else {}
         self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
     def _signature(self) -> list[str]:
@@ -293,6 +298,8 @@ class Entry:
         for q in self._inputs:
             if q["kind"] == "tensor":
                 first, last = self._extent(q, values[q["name"]])
+                if self._donated.get(p["name"]) == q["name"] and (first, last) == (start, end):
+                    continue  # the kernel reads each element before it writes it
                 if start < last and first < end:
                     return True
         return False

@@ -100,11 +100,23 @@ class StateSignature:
     metadata's ``states``): a call takes a state object for each state parameter, and
     returns one for each state result."""
 
-    def __init__(self, name: str, inputs: list[Mapping[str, Any]], states: list[dict]) -> None:
+    def __init__(
+        self, name: str, inputs: list[Mapping[str, Any]], states: list[dict], results: list[str]
+    ) -> None:
         self.name = name
         self.params = [s for s in states if "result" not in s]
         self.results = sorted((s for s in states if "result" in s), key=lambda s: s["result"])
+        #: the function's results, a state's tensors one by one
+        self.count = len(results)
         fields = {s["name"]: _fields(s) for s in self.params}
+        #: the results that the kernels write into the donated state's arrays, by name:
+        #: those of a state result ``in_place``
+        self.donated: dict[str, str] = {}
+        for spec in (s for s in self.results if s.get("in_place")):
+            given = next(s["name"] for s in self.params if s["param"] == spec["param"])
+            tensors = results[spec["result"] : spec["result"] + spec["count"]]
+            names = (f"{given}_{f}" for f in _fields(spec))
+            self.donated.update(zip(tensors, names, strict=True))
         flat = {f"{s}_{f}": s for s, names in fields.items() for f in names}
         #: the inputs as the caller passes them: each state's tensors as one input
         self.inputs: list[Mapping[str, Any]] = []
@@ -156,6 +168,14 @@ class StateSignature:
         if self.results and out is not None:
             raise TypeError(f"{self.name}() returns an OptimizerState, written into the one it "
                             "is given; it takes no 'out'")  # fmt: skip
+        if self.donated:
+            # the kernels write the new state over the donated one: its arrays are the
+            # results' out, and nothing is copied
+            outs: list[Any] = [None] * self.count
+            for spec in (s for s in self.results if s.get("in_place")):
+                first = spec["result"]
+                outs[first : first + spec["count"]] = given[spec["param"]].arrays()
+            out = tuple(outs) if self.count > 1 else outs[0]
         by_position = []
         for key in flat:  # by position while they last: the fast path takes those
             if key not in values:
@@ -172,7 +192,8 @@ class StateSignature:
             # compiler allows no other); there is one state per parameter
             donor = given[spec["param"]]
             for target, array in zip(donor.arrays(), arrays, strict=True):
-                _assign(target, array)
+                if array is not target:  # computed apart: copied into the state
+                    _assign(target, array)
             flat[first : first + count] = [donor]
         return tuple(flat) if len(flat) > 1 else flat[0]
 

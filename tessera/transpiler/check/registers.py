@@ -128,12 +128,44 @@ def _base(kernel: TileKernel, hw: Hardware) -> int:
     )
     if not flat:
         return _BASE
-    # Each tensor's 64-bit address, and each vector the thread loads (a 16-byte load
-    # fills ``vector`` registers at once; a one-element tensor, a scalar, one).
+    # Each tensor's 64-bit address, and each vector the thread loads for the value it
+    # stores (a 16-byte load fills ``vector`` registers at once; a one-element tensor, a
+    # scalar, one): of a kernel that stores several, the most that one of them reads.
     tensors = sum(isinstance(p.type, TensorType) for p in kernel.params)
-    loads = [op.results[0].type for op in ops if op.kind == "load"]
-    vectors = sum(1 if t.dims[0].constant == 1 else kernel.vector for t in loads)
+    stored = {op.operands[1].id for op in ops if op.kind == "store"}
+    loads = [_loads_of(v, stored, kernel.body) for v in stored] or [
+        [op.results[0].type for op in ops if op.kind == "load"]
+    ]
+    vectors = max(sum(_vector_words(t, kernel.vector) for t in each) for each in loads)
     return _FLAT_INDEX + 2 * tensors + vectors
+
+
+def _vector_words(t: TileType, vector: int) -> int:
+    """The registers one vector load of a tile of ``t`` fills: ``vector`` elements, of
+    16-bit floats two to a register; one element of a tile of one."""
+    if t.dims[0].constant == 1:
+        return 1
+    return max(1, vector * min(t.dtype.bits, 32) // 32)
+
+
+def _loads_of(value: int, stored: set[int], body: Block) -> list[TileType]:
+    """The tiles loaded for the value ``value`` (an id): the loads its computation reads,
+    but not those of another value the kernel stores (in ``stored``), which the code
+    computes once into registers where it stores it (``simt_kernel``'s stores)."""
+    defs = producers(body)
+    found: list[TileType] = []
+    seen: set[int] = set()
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        op = defs.get(v)
+        if op is None or v in seen or (v != value and v in stored):
+            continue
+        seen.add(v)
+        if op.kind == "load":
+            found.append(op.results[0].type)
+        todo += [w.id for w in op.operands if isinstance(w, Value)]
+    return found
 
 
 def _cap(kernel: TileKernel, hw: Hardware) -> int:

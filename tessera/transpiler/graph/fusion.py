@@ -10,12 +10,16 @@ Triton-based compilers:
   the kernel of the value it consumes when that value has no other user and
   the op does not broadcast it to a larger shape: a matmul's bias,
   activation, residual add and final cast become its epilogue.
-- A value that only elementwise ops read, several or one twice (``y * sigmoid(y)``,
-  ``y * y``), counts as having no other user: its readers join its kernel, which keeps
-  it in registers. A kernel writes one value, though, so where one of those readers
-  cannot join (it broadcasts the value, or reads a later kernel's result), the value is
-  written and every reader starts after it: ``fuse`` groups again without that value
-  until no kernel has to write two.
+- A value that several ops read, or one twice (``y * sigmoid(y)``, ``y * y``), or that
+  the function also returns, is read by its elementwise readers where its kernel
+  computes it: they join that kernel, which keeps it in registers. The others (a
+  reduction, a product, an op that broadcasts it, the caller) read it from memory, so
+  its kernel writes it too. Only a kernel of elementwise ops alone writes several values
+  (``a = x * y; return a, exp(a) + 1.0`` is one kernel, and so is ``fused_adam``, which
+  writes the parameter and both moments), each of the shape the kernel computes over,
+  stored where the kernel stores its last value. Any other kernel writes one value:
+  where another of its values has to be written, ``fuse`` groups again with that value's
+  readers starting after it, until no such kernel writes two.
 - A reduction with ``keepdims=True`` takes numbers and scalars after it, but an op that
   reads another tensor starts the next kernel: the kept axis is stored as without it.
 - A reduction or a transpose whose input comes from a chain of elementwise ops joins
@@ -235,10 +239,10 @@ def _fuse_function(function: Function) -> Function:
         readers.setdefault(v.id, set()).add(-1)
     shared = {
         v for v, at in readers.items()
-        if uses[v] > 1 and all(i >= 0 and op_class(ops[i]) == "elementwise" for i in at)
+        if uses[v] > 1 and any(i >= 0 and op_class(ops[i]) == "elementwise" for i in at)
     }  # fmt: skip
     while True:
-        kernels = _kernels(ops, uses, {v: len(at) for v, at in readers.items()}, shared)
+        kernels = _kernels(ops, uses, readers, shared)
         escaped = _escaped(kernels, ops, readers)
         unshared = escaped & shared | _shared_above(escaped - shared, kernels, ops, shared)
         if not unshared:
@@ -315,25 +319,59 @@ def _scalar_views_computed(body: Block) -> Block:
 
 def _escaped(kernels: list[_Kernel], ops: tuple[Op, ...], readers: dict[int, set[int]]) -> set[int]:
     """Values that a kernel computes and another kernel, or the function, reads, but
-    that are not the one value the kernel writes."""
+    that the kernel cannot write: all but its last value, unless it is a kernel of
+    elementwise ops alone (``_writes_several``), which writes any of its values of the
+    shape it computes over."""
     found = set()
     for kernel in kernels:
         inside = set(kernel.ops)
         last = ops[kernel.ops[-1]]
         written = last.results[0].id if last.results else None
+        several = _writes_several(kernel, ops)
         for i in kernel.ops:
             for r in ops[i].results:
-                if r.id != written and not readers.get(r.id, set()) <= inside:
+                if r.id == written or readers.get(r.id, set()) <= inside:
+                    continue
+                if not (several and _written_beside(ops[i], r, last)):
                     found.add(r.id)
     return found
 
 
+#: Ops whose results an elementwise kernel computes tile by tile where it stores its
+#: result (the library's ``elementwise`` kernel's prologue), so that it may store any.
+_COMPUTED = ELEMENTWISE_MATH | DRAWN
+
+
+def _writes_several(kernel: _Kernel, ops: tuple[Op, ...]) -> bool:
+    """Whether ``kernel`` may write several values: a kernel of elementwise ops alone
+    (the library's ``elementwise`` kernel, all prologue), whose last op computes a
+    tensor; its views and scalar computations are read where they lie."""
+    if kernel.kind != "elementwise" or kernel.anchor is not None:
+        return False
+    last = ops[kernel.ops[-1]]
+    if last.kind not in _COMPUTED or not isinstance(last.results[0].type, TensorType):
+        return False
+    return all(
+        ops[i].kind in _COMPUTED or _is_view(ops[i]) or _pure_scalar(ops[i]) for i in kernel.ops
+    )
+
+
+def _written_beside(op: Op, value: Value, last: Op) -> bool:
+    """Whether a kernel of elementwise ops that ends with ``last`` can write ``value``,
+    a result of its ``op``, beside ``last``'s: a tensor that it computes tile by tile
+    over the same shape, so that each of its tiles lies where the result's does."""
+    t, out = value.type, last.results[0].type
+    return op.kind in _COMPUTED and isinstance(t, TensorType) and t.dims == out.dims
+
+
 def _kernels(
-    ops: tuple[Op, ...], uses: dict[int, int], reader_count: dict[int, int], shared: set[int]
+    ops: tuple[Op, ...], uses: dict[int, int], readers: dict[int, set[int]], shared: set[int]
 ) -> list[_Kernel]:
     """The kernels of the greedy pass. An op joins the kernel of an operand that nothing
-    else reads, or of one in ``shared``: read only by elementwise ops (``y * sigmoid(y)``),
-    which then all compute in the kernel that computes it."""
+    else reads, or, being elementwise, of one in ``shared``: read by several ops, or
+    returned too, whose elementwise readers then compute in the kernel that computes it
+    (``y * sigmoid(y)``)."""
+    reader_count = {v: len(at) for v, at in readers.items()}
     kernels: list[_Kernel] = []
     kernel_of: dict[int, int] = {}  # value id -> kernel index
     produced = {r.id: i for i, op in enumerate(ops) for r in op.results}
@@ -390,7 +428,11 @@ def _kernels(
             joinable = op.operands if cls == "elementwise" else op.operands[:1]
             for v in sorted(joinable, key=lambda v: -kernel_of.get(v.id, -1)):
                 k = kernel_of.get(v.id)
-                alone = uses.get(v.id) == 1 or v.id in shared
+                alone = uses.get(v.id) == 1 or (
+                    cls == "elementwise"
+                    and v.id in shared
+                    and (readers[v.id] == {index} or not _a_prologue(op, ops, readers))
+                )
                 if k is None or not alone or not can_join(k, op, v.id):
                     continue
                 if cls == "elementwise" and _widens(op, v):
@@ -408,7 +450,11 @@ def _kernels(
                     )
                     if not prologue and not (kept and _reads_another_tensor(op, k, kernel_of)):
                         target = k
-                elif cls in ("reduction", "layout") and kernels[k].kind == "elementwise":
+                elif (
+                    cls in ("reduction", "layout")
+                    and kernels[k].kind == "elementwise"
+                    and _feeds_only(kernels[k], ops, readers, index)
+                ):
                     target = k
                     kernels[k].kind = cls
                     kernels[k].anchor = index
@@ -419,7 +465,7 @@ def _kernels(
             # from memory, so it must start a kernel after both
             target = None
         if target is not None and cls == "elementwise":
-            for j in _chains_absorbed(op, target, kernels, kernel_of, ops, uses):
+            for j in _chains_absorbed(op, target, kernels, kernel_of, ops, uses, readers, index):
                 kernels[target].add(kernels[j].ops, ops)
                 for i in kernels[j].ops:
                     kernel_of.update((r.id, target) for r in ops[i].results)
@@ -446,12 +492,14 @@ def _kernels(
 
 def _chains_absorbed(
     op: Op, target: int, kernels: list[_Kernel], kernel_of: dict[int, int],
-    ops: tuple[Op, ...], uses: dict[int, int],
+    ops: tuple[Op, ...], uses: dict[int, int], readers: dict[int, set[int]], index: int,
 ) -> list[int]:  # fmt: skip
-    """The other kernels that elementwise ``op``, joining elementwise kernel ``target``,
-    takes in too: chains of elementwise ops on tensors in memory whose one value only
-    ``op`` reads, at its own shape. ``exp(x) + relu(x)`` and ``where(x > 0.0, x, 0.1 * x)``
-    are then one kernel, not one per chain with the first chain's result stored."""
+    """The other kernels that elementwise ``op`` (at ``index``), joining elementwise
+    kernel ``target``, takes in too: chains of elementwise ops on tensors in memory whose
+    last value only ``op`` reads, at its own shape, and whose other values no kernel
+    placed before ``op`` reads (a chain that writes several values moves later with
+    them). ``exp(x) + relu(x)`` and ``where(x > 0.0, x, 0.1 * x)`` are then one kernel,
+    not one per chain with the first chain's result stored."""
     if kernels[target].kind != "elementwise" or kernels[target].anchor is not None:
         return []
     absorbed = []
@@ -467,10 +515,57 @@ def _chains_absorbed(
             and uses.get(v.id) == 1
             and not _widens(op, v)
             and not any(ops[i].effects for i in kernel.ops)
+            and not _read_before(kernel, j, ops, readers, kernel_of, index)
         )
         if alone:
             absorbed.append(j)
     return absorbed
+
+
+def _a_prologue(op: Op, ops: tuple[Op, ...], readers: dict[int, set[int]]) -> bool:
+    """Whether the one reader of elementwise ``op``'s result is a reduction (or a
+    transpose) that loads it as its operand: ``op`` then starts a kernel that the reader
+    takes in as its prologue (``sum(d * d)``), rather than join the kernel of a value
+    it shares with other readers, which would write the result for the reduction."""
+    if len(op.results) != 1 or len(readers.get(op.result.id, ())) != 1:
+        return False
+    (reader,) = readers[op.result.id]
+    if reader < 0:
+        return False
+    after = ops[reader]
+    prologue = op_class(after) == "reduction" or after.kind == "transpose"
+    return prologue and after.operands[:1] == (op.result,)
+
+
+def _feeds_only(
+    kernel: _Kernel, ops: tuple[Op, ...], readers: dict[int, set[int]], index: int
+) -> bool:
+    """Whether the op at ``index`` is the only reader of ``kernel``'s values outside it:
+    then it may take the kernel in as its prologue, which computes them where the op
+    loads its operand and writes none of them. A kernel that writes values for others
+    (``a`` of ``a = x * y; return a, sum(a * 0.5)``) stays a kernel of its own, and
+    the reduction reads its operand from memory."""
+    inside = {*kernel.ops, index}
+    return all(readers.get(r.id, set()) <= inside for i in kernel.ops for r in ops[i].results)
+
+
+def _read_before(
+    kernel: _Kernel, k: int, ops: tuple[Op, ...], readers: dict[int, set[int]],
+    kernel_of: dict[int, int], index: int,
+) -> bool:  # fmt: skip
+    """Whether an op before ``index`` that another kernel than ``kernel`` (the ``k``-th)
+    computes reads one of its values: that kernel must then stay where it is."""
+    for i in kernel.ops:
+        for r in ops[i].results:
+            for reader in readers.get(r.id, ()):
+                if not 0 <= reader < index or reader in kernel.ops:
+                    continue
+                # a view or a scalar waiting for its reader is placed with it, later
+                given = ops[reader].results
+                placed = kernel_of.get(given[0].id, k) if given else None
+                if placed != k:
+                    return True
+    return False
 
 
 def _shared_views_copied(kernels: list[_Kernel], ops: tuple[Op, ...]) -> list[_Kernel]:

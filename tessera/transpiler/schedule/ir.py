@@ -121,6 +121,10 @@ class HostProgram:
     #: The ``OptimizerState`` parameters and results among the inputs and results
     #: (``graph.ir.StateSlot``): a runtime takes and returns a state object for them.
     states: tuple[StateSlot, ...] = ()
+    #: The results that the kernels may write into the memory of an input, as (result,
+    #: input) by name: a returned ``OptimizerState``'s tensors into the donated state's
+    #: (``lower._Scheduler._donated``).
+    donated: tuple[tuple[str, str], ...] = ()
 
 
 @frozen

@@ -18,7 +18,7 @@ from ..frontend.diagnostics import Diagnostics, Note
 from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.fusion import kernel_order
-from ..graph.graph_ops import rows_permuted
+from ..graph.graph_ops import DRAWN, ELEMENTWISE_MATH, rows_permuted
 from ..graph.ir import Block, Function, GraphModule, Group, Guard, Op, Value, walk
 from ..graph.printer import value_names
 from ..graph.schedule_spec import ScheduleSpec
@@ -179,7 +179,7 @@ class _Scheduler:
             f.name, f.kind, inputs, results, tuple(launches),
             buffers, tuple(self.guards), span=f.span, defaults=defaults,
             keyword_only=keyword_only, types=types, saved=self._saved(buffers),
-            states=f.states,
+            states=f.states, donated=self._donated(writer),
         )  # fmt: skip
 
     def _guard(self, guard: Guard) -> None:
@@ -538,16 +538,94 @@ class _Scheduler:
         ]
         return plan_buffers(intervals)
 
+    def _donated(self, writer: dict[int, int]) -> tuple[tuple[str, str], ...]:
+        """The tensors of each returned ``OptimizerState`` that the kernels may write
+        into the memory of the donated state's (``m`` into ``state_m``), by name: those
+        of a state all of whose tensors may (``_writes_over``). On the CPU only: the
+        GPU emitters declare their pointers ``restrict`` and compute an elementwise value
+        again where it is read, so that an input there must not be a result's memory.
+        The others are computed apart, and the runtime copies them into the state."""
+        f = self.function
+        if self.hw.target != "cpu":
+            return ()
+        params = {p.value.name: p.value for p in f.params}
+        donated: list[tuple[str, str]] = []
+        for slot in f.states:
+            if slot.result is None:
+                continue
+            given = next(s for s in f.states if s.result is None and s.param == slot.param)
+            fields = ("master", "m", "v")[3 - slot.count :]
+            new = f.body.yields[slot.result : slot.result + slot.count]
+            pairs = [(v, params.get(f"{given.name}_{field}"))
+                     for v, field in zip(new, fields, strict=True)]  # fmt: skip
+            if all(old is not None and self._writes_over(v, old, writer) for v, old in pairs):
+                donated += [(self.names[v.id], self.names[old.id]) for v, old in pairs]
+        return tuple(donated)
+
+    def _writes_over(self, new: Value, old: Value, writer: dict[int, int]) -> bool:
+        """Whether the launch that writes ``new`` may write it over the input ``old``:
+        no later launch reads ``old``, and the launch is an elementwise kernel in which
+        every op that reads ``old``, or a value computed from it, is one that ``new`` is
+        computed from. Each element of ``old`` is then read before the program that
+        computes it stores ``new`` there, even where the CPU emitter computes an op
+        within the loop of the op that reads it."""
+        at = writer.get(new.id)
+        if at is None or new.type != old.type:
+            return False
+        groups = self.function.groups
+        if any(
+            v.id == old.id for g in groups[at + 1 :] for op in self._ops(g) for v in op.operands
+        ):
+            return False
+        ops = self._ops(groups[at])
+        if groups[at].kind != "elementwise":
+            return False
+        producer = {r.id: op for op in ops for r in op.results}
+        made = producer.get(new.id)
+        if made is None:
+            return False
+        ancestors: set[int] = set()
+        todo = [made]
+        while todo:
+            op = todo.pop()
+            if id(op) not in ancestors:
+                ancestors.add(id(op))
+                todo += [producer[v.id] for v in op.operands if v.id in producer]
+        readers: dict[int, list[Op]] = {}
+        for op in ops:
+            for v in op.operands:
+                readers.setdefault(v.id, []).append(op)
+        seen: set[int] = set()
+        todo = list(readers.get(old.id, []))
+        while todo:
+            op = todo.pop()
+            if id(op) in seen:
+                continue
+            seen.add(id(op))
+            if id(op) not in ancestors or op.kind not in ELEMENTWISE_MATH | DRAWN:
+                return False
+            if op is not made:
+                todo += [r for v in op.results for r in readers.get(v.id, [])]
+        return True
+
     def _saved(self, buffers: tuple) -> tuple[str, ...] | None:
         """The buffers written before the backward pass's first launch and read from it
         on: what a backward pass keeps of the forward's values (``remat=`` and
-        ``checkpoint`` choose it). None for a function without a backward pass."""
+        ``checkpoint`` choose it). That launch may compute forward ops too (elementwise
+        ones, fused with the backward's): the forward values it writes for later
+        launches are kept as well. None for a function without a backward pass."""
         groups = self.function.groups
         start = next((index for index, group in enumerate(groups)
                       if any(op.backward for op in self._ops(group))), None)  # fmt: skip
         if start is None:
             return None
-        return tuple(b.name for b in buffers if b.first < start <= b.last)
+        forward = {self.names[r.id] for op in self._ops(groups[start]) if not op.backward
+                   for r in op.results}  # fmt: skip
+        return tuple(
+            b.name
+            for b in buffers
+            if b.first < start <= b.last or (b.first == start < b.last and b.name in forward)
+        )
 
 
 def _readers(body: Block) -> dict[int, set[int]]:

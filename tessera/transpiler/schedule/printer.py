@@ -34,6 +34,9 @@ def _program(p: HostProgram) -> list[str]:
         lines += _launch(launch)
     if p.results:
         lines.append(f"  return {', '.join(p.results)}")
+    if p.donated:
+        pairs = ", ".join(f"{result} into {given}" for result, given in p.donated)
+        lines.append(f"  in place {pairs}")
     return [*lines, "}"]
 
 

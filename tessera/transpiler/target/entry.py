@@ -14,6 +14,7 @@ from typing import Any
 
 from ..graph.ir import Function, Guard, StateSlot, result_names, walk
 from ..graph.types import ScalarType, TensorType
+from ..schedule.ir import HostProgram
 from ..tile.ir import TileKernel, TileProgram
 
 __all__ = [
@@ -113,18 +114,23 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
         "guards": [_guard_meta(g) for g in program.host.guards],
     }  # fmt: skip
     if program.host.states:
-        meta["states"] = [_state_meta(s) for s in program.host.states]
+        meta["states"] = [_state_meta(s, program.host) for s in program.host.states]
     return meta
 
 
-def _state_meta(state: StateSlot) -> dict[str, Any]:
+def _state_meta(state: StateSlot, host: HostProgram) -> dict[str, Any]:
     """An ``OptimizerState`` parameter (its name) or result (the index of its first
-    tensor among the results), as the metadata holds it: which tensors make it up."""
+    tensor among the results), as the metadata holds it: which tensors make it up, and
+    for a result that the kernels may write into the arrays of the donated state,
+    ``in_place`` (the caller may then pass those arrays as the results' ``out``)."""
     meta = {"param": state.param, "fp32_master": state.fp32_master, "count": state.count}
     if state.result is None:
         meta["name"] = state.name
     else:
         meta["result"] = state.result
+        donated = {result for result, _ in host.donated}
+        if all(r in donated for r in host.results[state.result : state.result + state.count]):
+            meta["in_place"] = True
     return meta
 
 

@@ -484,7 +484,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         dist = self.walking
         body = "\n".join(self.lines[self.walk_start :])
         if isinstance(dist, Flat) and not _row_walk(dist.dims):
-            self.flat_head(dist, "[t]" in body)
+            self.flat_head(dist, "[t]" in body, re.search(r"\be\b", body) is not None)
         for k in reversed(range(self.walk_head + 1, self.walk_start)):
             declared = re.match(rf"\s*const (?:int|{self.d.index_type}) (\w+) = ", self.lines[k])
             later = "\n".join(self.lines[k + 1 :])
@@ -497,10 +497,12 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         ):
             self.close()
 
-    def flat_head(self, dist: Flat, slots: bool) -> None:
+    def flat_head(self, dist: Flat, slots: bool, indexed: bool = True) -> None:
         """The head of a flat walk, once its body is known: without a slot counter when
         nothing reads one; with a constant trip count when the tile's size is constant,
-        so that the loop unrolls and the thread's slots stay in registers."""
+        so that the loop unrolls and the thread's slots stay in registers, and the
+        element's index where the body reads it (a value computed from registers alone,
+        which a store then writes, reads none)."""
         head = self.lines[self.walk_head]
         if not slots:
             self.lines[self.walk_head] = head.replace(", t = 0", "").replace(", ++t", "")
@@ -512,8 +514,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             total *= d.constant
         indent = head[: len(head) - len(head.lstrip())]
         threads = self.kernel.threads
-        lines = [f"for (int t = 0; t < {-(-total // threads)}; ++t) {{",
-                 f"  const {self.d.index_type} e = lid + t * {threads};"]  # fmt: skip
+        lines = [f"for (int t = 0; t < {-(-total // threads)}; ++t) {{"]
+        if indexed or total % threads:
+            lines.append(f"  const {self.d.index_type} e = lid + t * {self.team[1]};")
         if total % threads:
             lines.append(f"  if (e >= {total}) break;")
         if self.d.unroll:
@@ -973,6 +976,13 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         at: Access = op.attr("at")
         out = tuple(tile.type.dims)
         dist = self.forms[tile.id].dist or Flat(out)
+        if self.forms[tile.id].kind == "lazy" and self.uses.get(tile.id, 0) > 1 and _constant(out):
+            # a value stored and read again (an elementwise kernel's results, the moments
+            # of an optimizer step) is computed once into registers, not again from the
+            # tensors at each reader
+            name = self.namer.fresh(self.temps.wanted(tile), "v")
+            self.forms[tile.id] = self.materialize(tile, dist, name)
+            self.chained[tile.id] = 0
         if isinstance(dist, (Rows, FragmentRows)):
             self.store_rows(tensor, tile, at, dist)
             return

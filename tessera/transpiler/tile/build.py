@@ -134,8 +134,13 @@ def _lower_launch(
         diags.error(problem, (anchor or ops[0]).span)
         return None
     template = (template_of(anchor) if anchor is not None else None) or "elementwise"
+    # the values it writes beside its result: an elementwise kernel stores them where
+    # it computes them (fusion lets no other kernel write several)
+    written = [names[w] for w in launch.writes if w in names]
+    beside = {v.id: rename[v.id] for v in written[:-1]}
+    assert anchor is None or not beside, f"{name} writes {launch.writes}"
     fn, given = instantiate(
-        ops, anchor, template, params, rename, views, name, function.name, group.kind
+        ops, anchor, template, params, rename, views, name, function.name, group.kind, beside
     )
     if anchor is not None and anchor.attr("keepdims"):
         # The kept axis has one element: the kernel stores the result as without it,

@@ -121,6 +121,7 @@ def stdlib_kernel(
 def instantiate(
     group_ops: list[Op], anchor: Op | None, template: str, params: tuple[Value, ...],
     rename: dict[int, Value], views: dict[int, View], name: str, function: str, kind: str,
+    beside: dict[int, Value] | None = None,
 ) -> tuple[Function, KernelInput]:  # fmt: skip
     """The typed kernel for a group, and how to lower it: the library kernel
     ``template``, or for a ``tile_call`` the file's tile kernel that it calls. ``rename``
@@ -128,7 +129,8 @@ def instantiate(
     last parameter is the output, unless ``views`` stores the group's result through
     one; ``views`` also has the anchor's operands that the kernel reads where they lie.
     Without an ``anchor`` (a group of elementwise ops) the kernel is ``elementwise`` and
-    every op is its prologue."""
+    every op is its prologue, which also stores the values of ``beside`` (by value id,
+    the parameter each goes to) where it computes them: they have the result's shape."""
     split = group_ops.index(anchor) if anchor is not None else len(group_ops)
     prologue, epilogue = group_ops[:split], group_ops[split + 1 :]
     if anchor is not None and anchor.kind == "tile_call":
@@ -193,7 +195,7 @@ def _library_kernel(
             continue
         tensor = tensors[names.index(param.value.name)]
         if prologue and prologue[-1].result is tensor:  # computed where it is loaded
-            build = chain_builder(prologue, rename)
+            build = chain_builder(prologue, rename, stores=beside)
             bind[param.value.id] = Prologue(new_value(tensor.type, param.value.name), build)
         else:
             bind[param.value.id] = views.get(tensor.id) or rename[tensor.id]
@@ -250,10 +252,15 @@ def _keyword(anchor: Op, name: str, tensors: tuple[Value, ...], rename: dict[int
     return value
 
 
-def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None = None) -> Any:
+def chain_builder(
+    ops: list[Op], rename: dict[int, Value], first: Value | None = None,
+    stores: dict[int, Value] | None = None,
+) -> Any:  # fmt: skip
     """A function that applies a chain of the group's elementwise ops at a place: to
     the kernel's result tile, the value ``first`` (an epilogue), or, without one, to
-    the tensors the ops read, loaded there (a prologue)."""
+    the tensors the ops read, loaded there (a prologue). A value of ``stores`` (by value
+    id, the tensor it goes to, of the place's shape) is stored there once computed."""
+    stores = stores or {}
 
     def build(lowering: Any, tile: Value | None, access: Access) -> Value:
         inside = {first.id: tile} if first is not None and tile is not None else {}
@@ -296,6 +303,9 @@ def chain_builder(ops: list[Op], rename: dict[int, Value], first: Value | None =
             )  # fmt: skip
             inside[op.result.id] = value
             current = current if scalar else value
+            if op.result.id in stores:
+                lowering.emit("store", (stores[op.result.id], value), (), (("at", access),),
+                              ("write",), (), op.span)  # fmt: skip
         assert current is not None
         return current
 
