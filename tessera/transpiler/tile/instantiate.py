@@ -136,7 +136,7 @@ def instantiate(
     if anchor is not None and anchor.kind == "tile_call":
         fn, bind = _called_kernel(anchor, rename)
     else:
-        fn, bind = _library_kernel(group_ops, anchor, template, prologue, rename, views)
+        fn, bind = _library_kernel(group_ops, anchor, template, prologue, rename, views, beside)
     given = KernelInput(
         name, function, params, bind, views.get(group_ops[-1].result.id, params[-1]),
         chain_builder(epilogue, rename, anchor.result) if epilogue and anchor else None,
@@ -162,11 +162,12 @@ def _called_kernel(anchor: Op, rename: dict[int, Value]) -> tuple[Function, dict
 
 def _library_kernel(
     group_ops: list[Op], anchor: Op | None, template: str, prologue: list[Op],
-    rename: dict[int, Value], views: dict[int, View],
+    rename: dict[int, Value], views: dict[int, View], beside: dict[int, Value] | None,
 ) -> tuple[Function, dict[int, Any]]:  # fmt: skip
     """The library kernel ``template`` typed for the group, and its parameters bound:
     each operand to its kernel parameter, or to the prologue that computes it where it
-    is loaded, and each keyword parameter to the anchor's attribute (``_keyword``)."""
+    is loaded (and stores the values of ``beside``), and each keyword parameter to the
+    anchor's attribute (``_keyword``)."""
     if anchor is None:
         tensors: tuple[Value, ...] = (group_ops[-1].result,)
         result = group_ops[-1].result.type
