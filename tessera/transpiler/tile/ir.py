@@ -19,6 +19,8 @@ barriers stand where they are needed. Operations reuse the Graph IR's ``Op``,
 ``release``          free a pipeline stage for a producer warpgroup's next copies into it
 ``mma``              ``acc + a @ b`` on the instruction legalization chose
 ``mask_edge``        set a tile's elements past a ragged edge to a fill value
+``kv_slot``          the slot a cache append writes a row into (``tile.kvcache``)
+``kv_advance``       a cache's length grows by the positions appended
 ``for`` / ``if``     structured control flow, as in the Graph IR
 """
 
@@ -47,7 +49,11 @@ __all__ = [
     "TileKernel",
     "TileProgram",
     "TileModule",
+    "STORES",
 ]
+
+#: The ops that write the tensor that is their first operand.
+STORES = ("store", "kv_advance")
 
 
 @frozen
