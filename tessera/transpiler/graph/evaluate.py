@@ -985,7 +985,14 @@ class Evaluator:
         (grown,) = emitter.emit(
             "kvcache.advance", (written,), (cache.type,), (("n", n),), ("state",), node.span
         )
-        if rolling_window(cache.type) is None:
+        window, s_max = rolling_window(cache.type), cache.type.dims[2]
+        if window is not None:  # the ring's slots are the cache's first W, each written once
+            emitter.guard("at_most", Dim.const(window), s_max,
+                          "KVCache.append: the rolling window fits S_max", node.span)  # fmt: skip
+            emitter.guard("at_most", n, Dim.const(window),
+                          "KVCache.append: one append adds at most the window's positions",
+                          node.span)  # fmt: skip
+        else:
             param, appended = cache_param((op for b in emitter.blocks for op in b), grown)
             guard = room_guard(param, appended, node.span)
             if all((g.tensor, g.right) != (guard.tensor, guard.right) for g in emitter.guards):

@@ -93,6 +93,12 @@ def check_append(cache: KVCacheType, operands: list[tuple[str, TensorType, Span]
             f"KVCache.append: k appends {k.dims[2]} positions but v {v.dims[2]}", v_span
         )
     n, window = k.dims[2].constant, rolling_window(cache)
+    if window is not None and s_max.constant is not None and window > s_max.constant:
+        raise SemanticError(
+            f"KVCache.append: the window of {window} positions is larger than the cache's "
+            f"S_max = {s_max}",
+            k_span,
+        )
     if window == 0:
         raise SemanticError(
             "KVCache.append: a compiled append keeps a ring of W positions: give the "

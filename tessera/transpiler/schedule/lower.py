@@ -153,10 +153,12 @@ class _Scheduler:
         defaults = tuple((self.names[p.value.id], p.default) for p in f.params
                          if p.default is not None)  # fmt: skip
         keyword_only = tuple(self.names[p.value.id] for p in f.params if p.keyword_only)
-        results = tuple(self.names[v.id] for v in f.body.yields)
+        # a returned cache is a parameter's arrays, written in place: no result of the entry
+        results = tuple(self.names[v.id] for v in f.body.yields
+                        if not isinstance(v.type, KVCacheType))  # fmt: skip
         declared = result_types(f.result_type) or tuple(v.type for v in f.body.yields)
         types = tuple(p.value.type for p in f.params) + tuple(
-            t for t in declared if isinstance(t, (TensorType, KVCacheType))
+            t for t in declared if isinstance(t, TensorType)
         )
         if f.kind == "declaration":
             return HostProgram(

@@ -56,14 +56,13 @@ def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
     for kernel in program.kernels:
         for p in kernel.params:
             by_name.setdefault(p.name, p.type)
-    results = set(result_names(len(program.host.results)))
     names = [n.removeprefix("%") for n in program.host.inputs]
     if program.host.kind != "declaration":
         names += result_names(len(program.host.results))
     declared = dict(zip(names, program.host.types, strict=False))
     # a KVCache is its three tensors, in its place (``tile.kvcache``)
     for name, t in list(declared.items()):
-        if isinstance(t, KVCacheType) and t.dims is not None and name not in results:
+        if isinstance(t, KVCacheType) and t.dims is not None:
             at = names.index(name)
             names[at : at + 1] = flat_names(name)
             declared.update(zip(flat_names(name), flat_types(t), strict=True))
@@ -128,7 +127,8 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
     if program.host.states:
         meta["states"] = [_state_meta(s) for s in program.host.states]
     if program.host.caches:
-        meta["returns"] = len(program.host.results)
+        returned = sum(len(c.returned) for c in program.host.caches)
+        meta["returns"] = len(program.host.results) + returned
         meta["caches"] = [
             {"name": c.name, "s_max": str(c.s_max), "window": c.window,
              "returned": list(c.returned)}

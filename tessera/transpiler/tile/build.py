@@ -97,9 +97,10 @@ def _lower_launch(
         )  # fmt: skip
         return lower_tile_function(function, launch, given)
     names = {name: value for value, name in _named_values(function)}
-    yields = function.body.yields
+    yields = [v for v in function.body.yields if not isinstance(v.type, KVCacheType)]
     # A kernel takes a result by the name the entry passes it under (``out``, or ``out0``,
-    # ``out1``, ...), an intermediate by the name every launch takes it by.
+    # ``out1``, ...), an intermediate by the name every launch takes it by; a returned
+    # cache is no result (its arrays are a parameter's, written in place).
     results = {v.id: out for v, out in zip(yields, result_names(len(yields)), strict=True)}
     rename: dict[int, Value] = {}
     for printed in (*launch.reads, *launch.writes):
