@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import tessera
+from tessera.runtime.cpu import WARM_CALLS
 from tessera.runtime.kvcache import KVCache
 
 from .everywhere import EVERY_TARGET, load_everywhere
@@ -105,7 +106,13 @@ def test_append_into_a_half_precision_cache(dtype: str) -> None:
 @pytest.mark.execute
 @needs_gxx
 def test_appending_past_s_max_is_refused_before_anything_is_written() -> None:
+    """The lengths' check runs in C on the call's fast path, which leaves a cache that
+    does not fit to the full checks, and their message."""
     lib = tessera.compile(_source(8, None), filename="step.tsr", target="cpu").load()
+    fits = np.ones((2, 1, 1, 3), np.float32)
+    for _ in range(WARM_CALLS):  # the calls after which a library builds its fast paths
+        lib.step(_poisoned(2, 1, 8, 3, [0, 0], None), fits, fits)
+    assert lib.step._fast is not None
     cache = _poisoned(2, 1, 8, 3, [1, 5], None)
     before = _copy(cache)
     k = np.ones((2, 1, 2, 3), np.float32)
@@ -155,3 +162,16 @@ def test_appends_keep_their_order_as_two_launches_each() -> None:
     (program,) = tile.programs
     states = [k.template for k in program.kernels if k.kind == "state"]
     assert states == ["kvcache_append", "kvcache_advance"] * 2
+
+
+def test_an_append_into_a_cache_without_its_shape_is_an_error_at_the_append() -> None:
+    source = (
+        "@kernel\n"
+        "def step(cache: KVCache, k: Tensor['B', 'H', 1, 'D', f32]) -> KVCache:\n"
+        "    return cache.append(k, k)\n"
+    )
+    with pytest.raises(tessera.CompileError) as caught:
+        assert tessera.compile(source, filename="step.tsr", target="cpu").source
+    (error,) = caught.value.diagnostics
+    assert (error.span.line, error.span.column) == (3, 25)
+    assert "KVCache.append writes the cache's arrays, which need its shape" in error.message

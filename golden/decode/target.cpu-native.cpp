@@ -1137,7 +1137,7 @@ static void project_k6_launch(const float* t6, float* v, const tsr::i64 B, const
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
         project_k6_program(t6, v, T, pid_m, pid_b0, pid_b1);
 }
-// ---- project_k7: one program instance (launch k7 of project: the library's kvcache_append)
+// ---- project_k7: one program instance (launch k7 of project: the KV cache's append)
 
 static void project_k7_program(float* cache_k, float* cache_v, const std::int64_t* cache_lengths,
     const float* k, const float* v, const tsr::i64 S, const tsr::i64 T, const tsr::i64 pid_m,
@@ -1155,13 +1155,12 @@ static void project_k7_launch(float* cache_k, float* cache_v, const std::int64_t
   const tsr::i64 pid_m_count = T;
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
         project_k7_program(cache_k, cache_v, cache_lengths, k, v, S, T, pid_m, pid_b0, pid_b1);
 }
-// ---- project_k8: one program instance (launch k8 of project: the library's kvcache_advance)
+// ---- project_k8: one program instance (launch k8 of project: the KV cache's advance)
 
 static void project_k8_program(std::int64_t* cache_lengths, const tsr::i64 T,
     const tsr::i64 pid_m) {
@@ -1171,7 +1170,6 @@ static void project_k8_program(std::int64_t* cache_lengths, const tsr::i64 T,
 
 static void project_k8_launch(std::int64_t* cache_lengths, const tsr::i64 B, const tsr::i64 T) {
   const tsr::i64 pid_m_count = B;
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     project_k8_program(cache_lengths, T, pid_m);
 }
@@ -1518,8 +1516,8 @@ static void project_windowed_k6_launch(const float* t6, float* v, const tsr::i64
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
         project_windowed_k6_program(t6, v, T, pid_m, pid_b0, pid_b1);
 }
-// ---- project_windowed_k7: one program instance (launch k7 of project_windowed: the library's
-//   kvcache_append)
+// ---- project_windowed_k7: one program instance (launch k7 of project_windowed: the KV cache's
+//   append)
 
 static void project_windowed_k7_program(float* cache_k, float* cache_v,
     const std::int64_t* cache_lengths, const float* k, const float* v, const tsr::i64 S,
@@ -1538,15 +1536,14 @@ static void project_windowed_k7_launch(float* cache_k, float* cache_v,
   const tsr::i64 pid_m_count = T;
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
         project_windowed_k7_program(cache_k, cache_v, cache_lengths, k, v, S, T, pid_m, pid_b0,
             pid_b1);
 }
-// ---- project_windowed_k8: one program instance (launch k8 of project_windowed: the library's
-//   kvcache_advance)
+// ---- project_windowed_k8: one program instance (launch k8 of project_windowed: the KV cache's
+//   advance)
 
 static void project_windowed_k8_program(std::int64_t* cache_lengths, const tsr::i64 T,
     const tsr::i64 pid_m) {
@@ -1557,7 +1554,6 @@ static void project_windowed_k8_program(std::int64_t* cache_lengths, const tsr::
 static void project_windowed_k8_launch(std::int64_t* cache_lengths, const tsr::i64 B,
     const tsr::i64 T) {
   const tsr::i64 pid_m_count = B;
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     project_windowed_k8_program(cache_lengths, T, pid_m);
 }

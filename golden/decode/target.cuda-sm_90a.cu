@@ -1546,7 +1546,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __rest
   }
 }
 
-// ---- project_k7: launch k7 of project: the library's kvcache_append
+// ---- project_k7: launch k7 of project: the KV cache's append
 // grid [pid_m < T, pid_b0 < B, pid_b1 < 2], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k7(float* __restrict__ cache_k,
     float* __restrict__ cache_v, const long long* __restrict__ cache_lengths,
@@ -1574,7 +1574,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k7(float* __restrict__
   }
 }
 
-// ---- project_k8: launch k8 of project: the library's kvcache_advance
+// ---- project_k8: launch k8 of project: the KV cache's advance
 // grid [pid_m < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k8(
     long long* __restrict__ cache_lengths, const long long B, const long long T) {
@@ -2309,7 +2309,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k6(
   }
 }
 
-// ---- project_windowed_k7: launch k7 of project_windowed: the library's kvcache_append
+// ---- project_windowed_k7: launch k7 of project_windowed: the KV cache's append
 // grid [pid_m < T, pid_b0 < B, pid_b1 < 2], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k7(float* __restrict__ cache_k,
     float* __restrict__ cache_v, const long long* __restrict__ cache_lengths,
@@ -2337,7 +2337,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k7(float* __r
   }
 }
 
-// ---- project_windowed_k8: launch k8 of project_windowed: the library's kvcache_advance
+// ---- project_windowed_k8: launch k8 of project_windowed: the KV cache's advance
 // grid [pid_m < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k8(
     long long* __restrict__ cache_lengths, const long long B, const long long T) {

@@ -816,7 +816,7 @@ void project_k6(__global const float* restrict t6, __global float* restrict v, c
   }
 }
 
-// ---- project_k7: launch k7 of project: the library's kvcache_append
+// ---- project_k7: launch k7 of project: the KV cache's append
 // grid [pid_m < T, pid_b0 < B, pid_b1 < 2], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void project_k7(__global float* restrict cache_k, __global float* restrict cache_v,
@@ -844,7 +844,7 @@ void project_k7(__global float* restrict cache_k, __global float* restrict cache
   }
 }
 
-// ---- project_k8: launch k8 of project: the library's kvcache_advance
+// ---- project_k8: launch k8 of project: the KV cache's advance
 // grid [pid_m < B], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void project_k8(__global long* restrict cache_lengths, const long B, const long T) {
@@ -1222,7 +1222,7 @@ void project_windowed_k6(__global const float* restrict t6, __global float* rest
   }
 }
 
-// ---- project_windowed_k7: launch k7 of project_windowed: the library's kvcache_append
+// ---- project_windowed_k7: launch k7 of project_windowed: the KV cache's append
 // grid [pid_m < T, pid_b0 < B, pid_b1 < 2], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void project_windowed_k7(__global float* restrict cache_k, __global float* restrict cache_v,
@@ -1250,7 +1250,7 @@ void project_windowed_k7(__global float* restrict cache_k, __global float* restr
   }
 }
 
-// ---- project_windowed_k8: launch k8 of project_windowed: the library's kvcache_advance
+// ---- project_windowed_k8: launch k8 of project_windowed: the KV cache's advance
 // grid [pid_m < B], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void project_windowed_k8(__global long* restrict cache_lengths, const long B, const long T) {

@@ -806,7 +806,7 @@ inline void project_k6(const float* __restrict__ t6, float* __restrict__ v, cons
   }
 }
 
-// ---- project_k7: launch k7 of project: the library's kvcache_append
+// ---- project_k7: launch k7 of project: the KV cache's append
 // grid [pid_m < T, pid_b0 < B, pid_b1 < 2], 256 threads per program
 inline void project_k7(float* __restrict__ cache_k, float* __restrict__ cache_v,
     const long long* __restrict__ cache_lengths, const float* __restrict__ k,
@@ -834,7 +834,7 @@ inline void project_k7(float* __restrict__ cache_k, float* __restrict__ cache_v,
   }
 }
 
-// ---- project_k8: launch k8 of project: the library's kvcache_advance
+// ---- project_k8: launch k8 of project: the KV cache's advance
 // grid [pid_m < B], 256 threads per program
 inline void project_k8(long long* __restrict__ cache_lengths, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
@@ -1206,7 +1206,7 @@ inline void project_windowed_k6(const float* __restrict__ t6, float* __restrict_
   }
 }
 
-// ---- project_windowed_k7: launch k7 of project_windowed: the library's kvcache_append
+// ---- project_windowed_k7: launch k7 of project_windowed: the KV cache's append
 // grid [pid_m < T, pid_b0 < B, pid_b1 < 2], 256 threads per program
 inline void project_windowed_k7(float* __restrict__ cache_k, float* __restrict__ cache_v,
     const long long* __restrict__ cache_lengths, const float* __restrict__ k,
@@ -1234,7 +1234,7 @@ inline void project_windowed_k7(float* __restrict__ cache_k, float* __restrict__
   }
 }
 
-// ---- project_windowed_k8: launch k8 of project_windowed: the library's kvcache_advance
+// ---- project_windowed_k8: launch k8 of project_windowed: the KV cache's advance
 // grid [pid_m < B], 256 threads per program
 inline void project_windowed_k8(long long* __restrict__ cache_lengths, const long long B,
     const long long T, const sycl::nd_item<3>& it) {

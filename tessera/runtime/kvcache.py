@@ -243,7 +243,8 @@ class CacheSignature:
                             else "no @rolling_window")  # fmt: skip
                 raise ValueError(f"{self.name}(): '{name}' has window={cache.window}, and the "
                                  f"function declares {declared}")  # fmt: skip
-            cache.check()
+            # the entry checks the arrays against the declared dims and dtype, and the
+            # guards the lengths: what KVCache.check would, in C on the fast path
             values.update({f"{name}_k": cache.K, f"{name}_v": cache.V,
                            f"{name}_lengths": cache.lengths})  # fmt: skip
             given[name] = cache

@@ -977,8 +977,6 @@ class Evaluator:
         (written,) = emitter.emit(
             "kvcache.append", operands, (cache.type,), (), ("state",), node.span
         )
-        if not isinstance(cache.type.dims, tuple):
-            return written
         # the lengths grow in a launch of their own, after every program of the append
         # has read them (``tile.kvcache``)
         n = args[0].value.type.dims[2]

@@ -74,7 +74,11 @@ def check_append(cache: KVCacheType, operands: list[tuple[str, TensorType, Span]
     """Raise ``SemanticError`` at the offending argument unless ``operands`` (``k`` and
     ``v``: their text, type and span) can be appended to a cache of type ``cache``."""
     if cache.dims is None or cache.dtype is None:
-        return  # a cache of unknown shape: the run-time cache checks each append
+        raise SemanticError(
+            "KVCache.append writes the cache's arrays, which need its shape: declare it "
+            'as KVCache["B", "H", "S_max", "D_h", bf16]',
+            operands[0][2],
+        )
     batch, heads, s_max, dim = cache.dims
     for text, t, span in operands:
         if t.rank != 4 or (t.dims[0], t.dims[1], t.dims[3]) != (batch, heads, dim):

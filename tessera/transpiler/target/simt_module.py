@@ -71,7 +71,7 @@ class _KernelView:
         self.origin = (
             f"tile kernel {kernel.function}"
             if kernel.template == "tile_kernel"
-            else f"launch {kernel.launch} of {kernel.function}: the library's {kernel.template}"
+            else f"launch {kernel.launch} of {kernel.function}: {kernel.made_from}"
         )
         self.dims = kernel_sizes(kernel)
         # a tensor whose data no statement reads (pad's ``like``, which gives only a row

@@ -286,6 +286,15 @@ class TileKernel:
     span: Span | None = field(default=None, compare=False, repr=False)
 
     @property
+    def made_from(self) -> str:
+        """What the kernel instantiates, as comments and printers say it: a library
+        kernel, or the cache's append or advance, which the compiler builds itself
+        (``tile.kvcache``)."""
+        if self.kind == "state":
+            return f"the KV cache's {self.template.removeprefix('kvcache_')}"
+        return f"the library's {self.template}"
+
+    @property
     def smem_bytes(self) -> int:
         return max((s.offset + s.bytes for s in self.smem), default=0)
 
