@@ -175,3 +175,20 @@ def test_an_append_into_a_cache_without_its_shape_is_an_error_at_the_append() ->
     (error,) = caught.value.diagnostics
     assert (error.span.line, error.span.column) == (3, 25)
     assert "KVCache.append writes the cache's arrays, which need its shape" in error.message
+
+
+@pytest.mark.execute
+@needs_gxx
+def test_a_call_of_a_function_of_an_optimizer_state_and_a_cache_is_refused() -> None:
+    """Seed 004's signature takes both, and compiles; a Python call unpacks one kind of
+    state object or the other, not both yet, and says so."""
+    source = (
+        "@kernel\n"
+        "def step(w: Tensor['N', f32], state: OptimizerState[w],\n"
+        "         cache: KVCache['B', 'H', 8, 'D', f32]) -> Tensor['N', f32]:\n"
+        "    return w * 2.0\n"
+    )
+    lib = tessera.compile(source, filename="step.tsr", target="cpu").load()
+    w = np.ones(4, np.float32)
+    with pytest.raises(TypeError, match=r"step\(\) takes an OptimizerState and a KVCache"):
+        lib.step(w, tessera.OptimizerState.init(w), KVCache.zeros(1, 1, 8, 2))

@@ -100,6 +100,10 @@ class Entry:
         ``OptimizerState`` parameter takes a ``tessera.OptimizerState``, and a returned
         state is written into the one given (``tessera.runtime.optstate``)."""
         flat = [p["name"] for p in self._positional]
+        if self._states is not None and self._caches is not None:
+            raise TypeError(f"{self.name}() takes an OptimizerState and a KVCache, which a call "
+                            "from Python does not unpack together yet: split the function "
+                            "in two")  # fmt: skip
         if self._states is not None:
             return self._states.call(self._call, flat, args, kwargs, out)
         if self._caches is not None:
