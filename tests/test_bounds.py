@@ -16,6 +16,7 @@ import pytest
 
 import tessera
 from tessera.cli.main import main
+from tessera.runtime.kvcache import KVCache
 from tessera.runtime.sentinel import BoundsError
 from tessera.transpiler.graph.dims import parse_dim
 from tessera.transpiler.graph.dtypes import DTYPES
@@ -169,18 +170,30 @@ def test_a_sycl_debug_build_parses_warning_free(tmp_path: Path) -> None:
     check_syntax({"oob": program.source}, tmp_path)
 
 
-#: Sizes for the examples: ragged, and C a multiple of 64 (decoder_block reshapes it).
-_SIZES = {"C": 128}
+#: Sizes for the examples: ragged, and C a multiple of 64 (decoder_block reshapes it); T
+#: within decode's rolling window (6), and S a cache that holds two calls' appends.
+_SIZES = {"C": 128, "T": 5, "S": 19}
 _DEFAULT = 96
 #: The simulated GPU runs a block's threads one after another: few heads.
 _SIMULATED_SIZES = {**_SIZES, "B": 2, "H": 2}
 
 
 def _inputs(function: dict[str, Any], sizes: dict[str, int] = _SIZES) -> dict[str, Any]:
+    """Random arguments; a cache parameter an empty ``KVCache`` (its appends then fit)."""
     rng = np.random.default_rng(1)
     args: dict[str, Any] = {}
+    caches = {c["name"]: c for c in function.get("caches", ())}
     for p in function["params"]:
-        if p["kind"] == "scalar":
+        cache = p["name"].rsplit("_", 1)[0]
+        if cache in caches and p["name"] in (f"{cache}_v", f"{cache}_lengths"):
+            continue
+        if cache in caches:  # its K: the cache's shape and dtype
+            shape = [parse_dim(d).value({s: sizes.get(s, _DEFAULT) for s in parse_dim(d).symbols()})
+                     for d in p["dims"]]  # fmt: skip
+            window = caches[cache]["window"]
+            args[cache] = KVCache.zeros(*map(int, shape), numpy_dtype(DTYPES[p["dtype"]]),
+                                        window=window)  # fmt: skip
+        elif p["kind"] == "scalar":
             args[p["name"]] = {"bool": False, "int": 1}.get(p["type"], 0.5)
         elif p["io"] != "out":
             dims = [parse_dim(d) for d in p["dims"]]
@@ -228,6 +241,9 @@ def test_every_example_runs_clean_under_debug(
         want = getattr(plain, function["name"])(**args)
         have = getattr(debug, function["name"])(**args)
         for a, b in zip(*(r if isinstance(r, tuple) else (r,) for r in (want, have)), strict=True):
+            if isinstance(a, KVCache):  # the one cache, appended to twice: each half once
+                assert a is b, function["name"]
+                continue
             assert _host(a).tobytes() == _host(b).tobytes(), function["name"]
 
 

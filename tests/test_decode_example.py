@@ -5,8 +5,11 @@ prompt (5 positions) goes through one prefill step, then 4 tokens one at a time,
 a cache that holds every position and with a rolling window of 6 that wraps on the 7th
 position. A float64 numpy model of the same layers, with its own history of keys and
 values (every position, attended through a sliding window where the cache has one),
-is the reference for the hidden states after every step. (The example's golden files
-and the toolchain sweeps over ``examples/`` compile it for every target.)
+is the reference for the hidden states after every step. Each step runs both ways:
+the compiled ``project`` (``project_windowed``), which appends to the cache itself,
+and the Python-glued ``qkv`` then ``KVCache.append``; the caches must agree exactly.
+(The example's golden files and the toolchain sweeps over ``examples/`` compile it
+for every target; tests/test_kvcache_graph.py runs the compiled append on each.)
 """
 
 from __future__ import annotations
@@ -102,16 +105,23 @@ def test_prefill_then_decode_matches_numpy(
     rng = np.random.default_rng(4)
     layers = [Layer(rng) for _ in range(2)]
     caches = [KVCache.zeros(BATCH, KV_HEADS, s_max, DIM, window=window) for _ in layers]
+    glued = [KVCache.zeros(BATCH, KV_HEADS, s_max, DIM, window=window) for _ in layers]
     references = [Reference(layer, window) for layer in layers]
+    project = lib.project if window is None else lib.project_windowed
     position = 0
     for rows in [5, 1, 1, 1, 1]:  # the prompt, then one token at a time
         x = rng.standard_normal((BATCH, rows, WIDTH)).astype(np.float32)
         cos, sin = _angles(np.arange(position, position + rows))
         want = x.astype(np.float64)
-        for layer, cache, reference in zip(layers, caches, references, strict=True):
+        for layer, cache, other, reference in zip(layers, caches, glued, references, strict=True):
             w = layer.weights
-            q, k, v = lib.project(x, w["norm1"], w["wq"], w["wk"], w["wv"], cos, sin)
-            cache.append(k, v)
+            weights = (w["norm1"], w["wq"], w["wk"], w["wv"], cos, sin)
+            q, returned = project(x, *weights, cache)
+            assert returned is cache
+            _, k, v = lib.qkv(x, *weights)  # the same step glued from Python
+            other.append(k, v)
+            for name in ("K", "V", "lengths"):
+                np.testing.assert_array_equal(getattr(cache, name), getattr(other, name))
             o = decode_attention(q, cache, splits=splits)
             x = lib.finish(x, o, w["wo"], w["norm2"], w["wg"], w["wu"], w["wd"])
             want = reference(want, cos, sin)

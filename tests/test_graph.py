@@ -201,12 +201,13 @@ def test_effects_pin_operations_in_program_order() -> None:
     assert [(op.kind, op.effects) for op in ops] == [
         ("dropout", ("rng",)),
         ("kvcache.append", ("state",)),
+        ("kvcache.advance", ("state",)),
         ("all_reduce", ("collective",)),
         ("dropout", ("rng",)),
         ("reshape", ()),  # x returned: a copy
     ]
     assert [g.kind for g in module.functions[0].groups] == [
-        "elementwise", "state", "collective", "elementwise", "elementwise",
+        "elementwise", "state", "state", "collective", "elementwise", "elementwise",
     ]  # fmt: skip
 
 
@@ -256,7 +257,7 @@ def g(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     return tile.load(x, rows=T.m, vector=T.vector, prefetch=2)
 """
 NOT_YET_WARNINGS = [
-    (5, 44, "@rolling_window"), (5, 60, "@device"), (5, 73, "@paged"),
+    (5, 60, "@device"), (5, 73, "@paged"),
     (5, 80, "@checkpointable"), (7, 10, "with device(...)"),
     (7, 23, "with prefetch(...)"), (14, 42, "tile.load: vector="), (14, 61, "tile.load: prefetch="),
 ]  # fmt: skip

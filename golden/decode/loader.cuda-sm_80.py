@@ -85,7 +85,28 @@ def _shape(function: str, name: str, x: cupy.ndarray, dims: str, want: tuple) ->
         )
 
 
-def project(
+def _indices(
+    function: str,
+    name: str,
+    x: cupy.ndarray,
+    low: int,
+    bound: int,
+    shown: str,
+    reason: str,
+) -> None:
+    """Every index in ``x`` lies in ``[low, bound)``: the kernel would clamp a wrong one
+    and give a wrong answer without a word."""
+    if x.size == 0:
+        return
+    smallest, largest = int(x.min()), int(x.max())
+    if smallest < low or largest >= bound:
+        bad = smallest if smallest < low else largest
+        raise ValueError(
+            f"{function}(): '{name}' holds the index {bad}, outside [{low}, {shown}) ({reason})"
+        )
+
+
+def qkv(
     x: cupy.ndarray,
     norm: cupy.ndarray,
     wq: cupy.ndarray,
@@ -96,7 +117,7 @@ def project(
     *,
     out: tuple | None = None,
 ) -> tuple[cupy.ndarray, cupy.ndarray, cupy.ndarray]:
-    """project(
+    """qkv(
         x: f32[B, T, 256],
         norm: f32[256],
         wq: f32[256, 256],
@@ -105,6 +126,120 @@ def project(
         cos: f32[T, 32],
         sin: f32[T, 32],
     ) -> (f32[B, 4, T, 64], f32[B, 2, T, 64], f32[B, 2, T, 64])"""
+    x = _tensor("qkv", "x", x, "float32", 3)
+    B = x.shape[0]
+    T = x.shape[1]
+    _shape("qkv", "x", x, "[B, T, 256]", (B, T, 256))
+    norm = _tensor("qkv", "norm", norm, "float32", 1)
+    _shape("qkv", "norm", norm, "[256]", (256,))
+    wq = _tensor("qkv", "wq", wq, "float32", 2)
+    _shape("qkv", "wq", wq, "[256, 256]", (256, 256))
+    wk = _tensor("qkv", "wk", wk, "float32", 2)
+    _shape("qkv", "wk", wk, "[256, 128]", (256, 128))
+    wv = _tensor("qkv", "wv", wv, "float32", 2)
+    _shape("qkv", "wv", wv, "[256, 128]", (256, 128))
+    cos = _tensor("qkv", "cos", cos, "float32", 2)
+    _shape("qkv", "cos", cos, "[T, 32]", (T, 32))
+    sin = _tensor("qkv", "sin", sin, "float32", 2)
+    _shape("qkv", "sin", sin, "[T, 32]", (T, 32))
+    out0, out1, out2 = (None, None, None) if out is None else out
+    if out0 is None:
+        out0 = cupy.empty((B, 4, T, 64), dtype="float32")
+    else:
+        out0 = _tensor("qkv", "out0", out0, "float32", 4)
+        _shape("qkv", "out0", out0, "[B, 4, T, 64]", (B, 4, T, 64))
+    if out1 is None:
+        out1 = cupy.empty((B, 2, T, 64), dtype="float32")
+    else:
+        out1 = _tensor("qkv", "out1", out1, "float32", 4)
+        _shape("qkv", "out1", out1, "[B, 2, T, 64]", (B, 2, T, 64))
+    if out2 is None:
+        out2 = cupy.empty((B, 2, T, 64), dtype="float32")
+    else:
+        out2 = _tensor("qkv", "out2", out2, "float32", 4)
+        _shape("qkv", "out2", out2, "[B, 2, T, 64]", (B, 2, T, 64))
+    h = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t0 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t3 = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    t6 = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    _launch(
+        "qkv_k0",
+        (-(-T // 4), B),
+        128,
+        0,
+        (x, norm, h, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "qkv_k1",
+        (-(-256 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wq, t0, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "qkv_k2",
+        (-(-T // 4), B, 4),
+        128,
+        0,
+        (t0, cos, sin, out0, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "qkv_k3",
+        (-(-128 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wk, t3, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "qkv_k4",
+        (-(-T // 4), B, 2),
+        128,
+        0,
+        (t3, cos, sin, out1, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "qkv_k5",
+        (-(-128 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wv, t6, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "qkv_k6",
+        (-(-T // 4), B, 2),
+        128,
+        0,
+        (t6, out2, cupy.int64(B), cupy.int64(T)),
+    )
+    return out0, out1, out2
+
+
+def project(
+    x: cupy.ndarray,
+    norm: cupy.ndarray,
+    wq: cupy.ndarray,
+    wk: cupy.ndarray,
+    wv: cupy.ndarray,
+    cos: cupy.ndarray,
+    sin: cupy.ndarray,
+    cache_k: cupy.ndarray,
+    cache_v: cupy.ndarray,
+    cache_lengths: cupy.ndarray,
+    *,
+    out: cupy.ndarray | None = None,
+) -> cupy.ndarray:
+    """project(
+        x: f32[B, T, 256],
+        norm: f32[256],
+        wq: f32[256, 256],
+        wk: f32[256, 128],
+        wv: f32[256, 128],
+        cos: f32[T, 32],
+        sin: f32[T, 32],
+        cache_k: f32[B, 2, S, 64],
+        cache_v: f32[B, 2, S, 64],
+        cache_lengths: i64[B],
+    ) -> f32[B, 4, T, 64]"""
     x = _tensor("project", "x", x, "float32", 3)
     B = x.shape[0]
     T = x.shape[1]
@@ -121,26 +256,33 @@ def project(
     _shape("project", "cos", cos, "[T, 32]", (T, 32))
     sin = _tensor("project", "sin", sin, "float32", 2)
     _shape("project", "sin", sin, "[T, 32]", (T, 32))
-    out0, out1, out2 = (None, None, None) if out is None else out
-    if out0 is None:
-        out0 = cupy.empty((B, 4, T, 64), dtype="float32")
+    cache_k = _tensor("project", "cache_k", cache_k, "float32", 4)
+    S = cache_k.shape[2]
+    _shape("project", "cache_k", cache_k, "[B, 2, S, 64]", (B, 2, S, 64))
+    cache_v = _tensor("project", "cache_v", cache_v, "float32", 4)
+    _shape("project", "cache_v", cache_v, "[B, 2, S, 64]", (B, 2, S, 64))
+    cache_lengths = _tensor("project", "cache_lengths", cache_lengths, "int64", 1)
+    _shape("project", "cache_lengths", cache_lengths, "[B]", (B,))
+    _indices(
+        "project",
+        "cache_lengths",
+        cache_lengths,
+        0,
+        (S - T + 1),
+        f"S - T + 1 = {(S - T + 1)}",
+        "KVCache.append: a row's length and the T positions appended must fit S_max = S; declare @rolling_window(W) to keep the last positions instead",
+    )
+    if out is None:
+        out = cupy.empty((B, 4, T, 64), dtype="float32")
     else:
-        out0 = _tensor("project", "out0", out0, "float32", 4)
-        _shape("project", "out0", out0, "[B, 4, T, 64]", (B, 4, T, 64))
-    if out1 is None:
-        out1 = cupy.empty((B, 2, T, 64), dtype="float32")
-    else:
-        out1 = _tensor("project", "out1", out1, "float32", 4)
-        _shape("project", "out1", out1, "[B, 2, T, 64]", (B, 2, T, 64))
-    if out2 is None:
-        out2 = cupy.empty((B, 2, T, 64), dtype="float32")
-    else:
-        out2 = _tensor("project", "out2", out2, "float32", 4)
-        _shape("project", "out2", out2, "[B, 2, T, 64]", (B, 2, T, 64))
+        out = _tensor("project", "out", out, "float32", 4)
+        _shape("project", "out", out, "[B, 4, T, 64]", (B, 4, T, 64))
     h = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
     t0 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
     t3 = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    k = cupy.empty(max(1, 512 * B * T), dtype="uint8")
     t6 = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    v = cupy.empty(max(1, 512 * B * T), dtype="uint8")
     _launch(
         "project_k0",
         (-(-T // 4), B),
@@ -160,7 +302,7 @@ def project(
         (-(-T // 4), B, 4),
         128,
         0,
-        (t0, cos, sin, out0, cupy.int64(B), cupy.int64(T)),
+        (t0, cos, sin, out, cupy.int64(B), cupy.int64(T)),
     )
     _launch(
         "project_k3",
@@ -174,7 +316,7 @@ def project(
         (-(-T // 4), B, 2),
         128,
         0,
-        (t3, cos, sin, out1, cupy.int64(B), cupy.int64(T)),
+        (t3, cos, sin, k, cupy.int64(B), cupy.int64(T)),
     )
     _launch(
         "project_k5",
@@ -188,9 +330,177 @@ def project(
         (-(-T // 4), B, 2),
         128,
         0,
-        (t6, out2, cupy.int64(B), cupy.int64(T)),
+        (t6, v, cupy.int64(B), cupy.int64(T)),
     )
-    return out0, out1, out2
+    _launch(
+        "project_k7",
+        (T, B, 2),
+        256,
+        0,
+        (
+            cache_k,
+            cache_v,
+            cache_lengths,
+            k,
+            v,
+            cupy.int64(B),
+            cupy.int64(S),
+            cupy.int64(T),
+        ),
+    )
+    _launch("project_k8", (B,), 256, 0, (cache_lengths, cupy.int64(B), cupy.int64(T)))
+    return out
+
+
+def project_windowed(
+    x: cupy.ndarray,
+    norm: cupy.ndarray,
+    wq: cupy.ndarray,
+    wk: cupy.ndarray,
+    wv: cupy.ndarray,
+    cos: cupy.ndarray,
+    sin: cupy.ndarray,
+    cache_k: cupy.ndarray,
+    cache_v: cupy.ndarray,
+    cache_lengths: cupy.ndarray,
+    *,
+    out: cupy.ndarray | None = None,
+) -> cupy.ndarray:
+    """project_windowed(
+        x: f32[B, T, 256],
+        norm: f32[256],
+        wq: f32[256, 256],
+        wk: f32[256, 128],
+        wv: f32[256, 128],
+        cos: f32[T, 32],
+        sin: f32[T, 32],
+        cache_k: f32[B, 2, S, 64],
+        cache_v: f32[B, 2, S, 64],
+        cache_lengths: i64[B],
+    ) -> f32[B, 4, T, 64]"""
+    x = _tensor("project_windowed", "x", x, "float32", 3)
+    B = x.shape[0]
+    T = x.shape[1]
+    _shape("project_windowed", "x", x, "[B, T, 256]", (B, T, 256))
+    norm = _tensor("project_windowed", "norm", norm, "float32", 1)
+    _shape("project_windowed", "norm", norm, "[256]", (256,))
+    wq = _tensor("project_windowed", "wq", wq, "float32", 2)
+    _shape("project_windowed", "wq", wq, "[256, 256]", (256, 256))
+    wk = _tensor("project_windowed", "wk", wk, "float32", 2)
+    _shape("project_windowed", "wk", wk, "[256, 128]", (256, 128))
+    wv = _tensor("project_windowed", "wv", wv, "float32", 2)
+    _shape("project_windowed", "wv", wv, "[256, 128]", (256, 128))
+    cos = _tensor("project_windowed", "cos", cos, "float32", 2)
+    _shape("project_windowed", "cos", cos, "[T, 32]", (T, 32))
+    sin = _tensor("project_windowed", "sin", sin, "float32", 2)
+    _shape("project_windowed", "sin", sin, "[T, 32]", (T, 32))
+    cache_k = _tensor("project_windowed", "cache_k", cache_k, "float32", 4)
+    S = cache_k.shape[2]
+    _shape("project_windowed", "cache_k", cache_k, "[B, 2, S, 64]", (B, 2, S, 64))
+    cache_v = _tensor("project_windowed", "cache_v", cache_v, "float32", 4)
+    _shape("project_windowed", "cache_v", cache_v, "[B, 2, S, 64]", (B, 2, S, 64))
+    cache_lengths = _tensor(
+        "project_windowed",
+        "cache_lengths",
+        cache_lengths,
+        "int64",
+        1,
+    )
+    _shape("project_windowed", "cache_lengths", cache_lengths, "[B]", (B,))
+    if not S >= 6:
+        raise ValueError(
+            f"project_windowed(): S = {S} breaks S >= 6 "
+            "(KVCache.append: the rolling window fits S_max)"
+        )
+    if not T <= 6:
+        raise ValueError(
+            f"project_windowed(): T = {T} breaks T <= 6 "
+            "(KVCache.append: one append adds at most the window's positions)"
+        )
+    if out is None:
+        out = cupy.empty((B, 4, T, 64), dtype="float32")
+    else:
+        out = _tensor("project_windowed", "out", out, "float32", 4)
+        _shape("project_windowed", "out", out, "[B, 4, T, 64]", (B, 4, T, 64))
+    h = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t0 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t3 = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    k = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    t6 = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    v = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    _launch(
+        "project_windowed_k0",
+        (-(-T // 4), B),
+        128,
+        0,
+        (x, norm, h, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "project_windowed_k1",
+        (-(-256 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wq, t0, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "project_windowed_k2",
+        (-(-T // 4), B, 4),
+        128,
+        0,
+        (t0, cos, sin, out, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "project_windowed_k3",
+        (-(-128 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wk, t3, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "project_windowed_k4",
+        (-(-T // 4), B, 2),
+        128,
+        0,
+        (t3, cos, sin, k, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "project_windowed_k5",
+        (-(-128 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wv, t6, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "project_windowed_k6",
+        (-(-T // 4), B, 2),
+        128,
+        0,
+        (t6, v, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "project_windowed_k7",
+        (T, B, 2),
+        256,
+        0,
+        (
+            cache_k,
+            cache_v,
+            cache_lengths,
+            k,
+            v,
+            cupy.int64(B),
+            cupy.int64(S),
+            cupy.int64(T),
+        ),
+    )
+    _launch(
+        "project_windowed_k8",
+        (B,),
+        256,
+        0,
+        (cache_lengths, cupy.int64(B), cupy.int64(T)),
+    )
+    return out
 
 
 def finish(

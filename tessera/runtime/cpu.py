@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..cachedir import cache_dir
-from ..transpiler.graph.dtypes import DTYPES
+from ..transpiler.graph.dtypes import ENTRY_DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
 from .cpu_ext import load_extension
 from .entry import Entry, Library
@@ -117,7 +117,7 @@ class CpuFunction(Entry):
 
 def _dtype(name: str) -> np.dtype:
     """The numpy dtype of a Tessera dtype, by its name."""
-    return np.dtype(numpy_dtype(DTYPES[name]))
+    return np.dtype(numpy_dtype(ENTRY_DTYPES[name]))
 
 
 #: The C type of each scalar parameter type, as the generated entry declares it.

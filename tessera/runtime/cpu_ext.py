@@ -233,6 +233,13 @@ class _Function:
         if set(symbols) - bound:
             return None  # a size only a scalar gives
         for g in f["guards"]:
+            if g["kind"] == "indices":
+                at = next(i for i, p in enumerate(inputs) if p["name"] == g["tensor"])
+                check = _indices(g, symbols, f"a{at}", inputs[at]["dtype"])
+                if check is None:
+                    return None
+                lines += check
+                continue
             condition = _guard(g, symbols)
             if condition is None:
                 return None
@@ -348,12 +355,10 @@ def _scalar(x: str, i: int, kind: str) -> list[str]:
     ]
 
 
-def _guard(g: Mapping[str, Any], symbols: Mapping[str, str]) -> str | None:
-    """A guard as a C condition on the sizes, or None where C's integers could differ
-    from the exact arithmetic of the full checks (a fraction, a division by a size) or
-    the guard reads a tensor's values."""
-    if g["kind"] == "indices":
-        return None
+def _sides(g: Mapping[str, Any], symbols: Mapping[str, str]) -> list[str] | None:
+    """A guard's two sides as C expressions of the sizes, or None where C's integers
+    could differ from the exact arithmetic of the full checks (a fraction, a division
+    by a size)."""
     sides = []
     for text in (g["left"], g["right"]):
         dim = parse_dim(text)
@@ -362,6 +367,37 @@ def _guard(g: Mapping[str, Any], symbols: Mapping[str, str]) -> str | None:
         if any(Fraction(c).denominator != 1 for _, c in dim.terms):
             return None
         sides.append(f"({c_dim(dim, dict(symbols))})")
+    return sides
+
+
+#: The C types of the integer tensors whose values a guard checks.
+_INDEX_TYPES = {"i32": "std::int32_t", "i64": "std::int64_t"}
+
+
+def _indices(
+    g: Mapping[str, Any], symbols: Mapping[str, str], x: str, dtype: str
+) -> list[str] | None:
+    """An ``indices`` guard as a C loop over the values of the tensor ``x``: one outside
+    ``[left, right)`` leaves the call to the full checks, which say which and why (a
+    gather's index, a cache's row that an append would overflow)."""
+    sides = _sides(g, symbols)
+    if sides is None or dtype not in _INDEX_TYPES:
+        return None
+    left, right = sides
+    values = f"static_cast<const {_INDEX_TYPES[dtype]}*>(PyArray_DATA({x}))"
+    return [
+        f"for (npy_intp i = 0, n = PyArray_SIZE({x}); i < n; ++i) {{",
+        f"  const std::int64_t value = {values}[i];",
+        f"  if (value < {left} || value >= {right}) Py_RETURN_NOTIMPLEMENTED;",
+        "}",
+    ]
+
+
+def _guard(g: Mapping[str, Any], symbols: Mapping[str, str]) -> str | None:
+    """A guard on the sizes as a C condition, or None where ``_sides`` has none."""
+    sides = _sides(g, symbols)
+    if sides is None:
+        return None
     left, right = sides
     if g["kind"] == "divisible":
         return f"{right} != 0 && {left} % {right} == 0"

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..frozen import frozen
 from ..transpiler.check.bounds import FAULT, FAULT_BYTES
-from ..transpiler.graph.dtypes import DTYPES
+from ..transpiler.graph.dtypes import ENTRY_DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
 from . import cuda_launch, tensor_map
 from .entry import MISSED, Entry, Library, argument, evaluate
@@ -272,7 +272,7 @@ class CudaFunction(Entry):
             name = write["name"]
             if name in on_device:
                 view = on_device[name].view
-                nbytes = math.prod(view.shape) * DTYPES[write["dtype"]].bits // 8
+                nbytes = math.prod(view.shape) * ENTRY_DTYPES[write["dtype"]].bits // 8
                 memory = cupy.cuda.UnownedMemory(view.address, nbytes, None)
                 data = cupy.ndarray(nbytes, cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
             else:
@@ -306,7 +306,7 @@ def _synchronize() -> None:
 
 def _dtype(name: str) -> np.dtype:
     """The numpy dtype of a Tessera dtype, by its name."""
-    return np.dtype(numpy_dtype(DTYPES[name]))
+    return np.dtype(numpy_dtype(ENTRY_DTYPES[name]))
 
 
 def _tensor_map(m: Mapping[str, Any], x: Any, sizes: Mapping[str, int]) -> np.ndarray:
@@ -314,7 +314,7 @@ def _tensor_map(m: Mapping[str, Any], x: Any, sizes: Mapping[str, int]) -> np.nd
     address of a GPU tensor's first element)."""
     address = int(x) if isinstance(x, np.integer) else x.__cuda_array_interface__["data"][0]
     dims = [evaluate(d, sizes, m["tensor"]) for d in m["dims"]]
-    element_bytes = DTYPES[m["dtype"]].bits // 8
+    element_bytes = ENTRY_DTYPES[m["dtype"]].bits // 8
     return tensor_map.encode(_driver(), address, element_bytes, dims, m["box"])
 
 

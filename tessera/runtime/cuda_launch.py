@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..transpiler.graph.dtypes import DTYPES
+from ..transpiler.graph.dtypes import ENTRY_DTYPES
 from . import tensor_map
 from .entry import evaluate
 from .foreign import BIT_CARRIERS
@@ -165,7 +165,7 @@ class Launches:
             dims = tuple(evaluate(d, named, tensor) for d in m["dims"])
             if launch.encoded.get(m["name"]) == (address, dims):
                 continue
-            element_bytes = DTYPES[m["dtype"]].bits // 8
+            element_bytes = ENTRY_DTYPES[m["dtype"]].bits // 8
             encoded = tensor_map.encode(self._driver, address, element_bytes, dims, m["box"])
             ctypes.memmove(launch.map_slots[m["name"]], encoded.ctypes.data, 128)
             launch.encoded[m["name"]] = (address, dims)

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from ..transpiler.graph.dims import Dim, parse_dim
-from ..transpiler.graph.dtypes import DTYPES
+from ..transpiler.graph.dtypes import ENTRY_DTYPES
 from ..transpiler.target.entry import signature_items
 from ..transpiler.tile.interpret import numpy_dtype
 from .foreign import TensorView, host_array, host_view, numpy_view
+from .kvcache import CacheSignature
 from .optstate import StateSignature
 from .telemetry import STATE as TELEMETRY
 
@@ -53,7 +54,7 @@ class Entry:
         # parsing of the same dim texts again.
         self._shapes = {p["name"]: tuple(parse_dim(t) for t in p["dims"])
                         for p in self._params if p["kind"] == "tensor"}  # fmt: skip
-        self._dtypes = {p["name"]: np.dtype(numpy_dtype(DTYPES[p["dtype"]]))
+        self._dtypes = {p["name"]: np.dtype(numpy_dtype(ENTRY_DTYPES[p["dtype"]]))
                         for p in self._params if p["kind"] == "tensor"}  # fmt: skip
         self._inputs = [p for p in self._params if p.get("io") != "out"]
         #: The inputs a caller may pass by position: those before a bare ``*``.
@@ -77,12 +78,19 @@ class Entry:
         #: The results that the kernels may write over an input, by name: a returned
         #: state's tensors over the donated state's (``in_place``).
         self._donated = self._states.donated if self._states is not None else {}
+        #: The ``KVCache`` parameters, if any: a call takes a ``tessera.KVCache`` for each,
+        #: whose arrays the function's appends write; and each one's metadata by the name
+        #: of its lengths, whose guard says whether an append fits.
+        self._caches = CacheSignature(self.name, self._inputs, meta) if "caches" in meta else None
+        self._lengths = {f"{c['name']}_lengths": c for c in meta.get("caches", ())}
         self.__doc__ = f"{self.name}({', '.join(self._signature())})"
 
     def _signature(self) -> list[str]:
         """The parameters as the docstring shows them, ``out`` last."""
         if self._states is not None:
             items = self._states.signature(signature_items)
+        elif self._caches is not None:
+            items = self._caches.signature(signature_items)
         else:
             items = signature_items(self._inputs)
         if len(self._inputs) < len(self._params):
@@ -96,9 +104,15 @@ class Entry:
         as numpy's ufuncs take it. A function of several results returns a tuple. An
         ``OptimizerState`` parameter takes a ``tessera.OptimizerState``, and a returned
         state is written into the one given (``tessera.runtime.optstate``)."""
+        flat = [p["name"] for p in self._positional]
+        if self._states is not None and self._caches is not None:
+            raise TypeError(f"{self.name}() takes an OptimizerState and a KVCache, which a call "
+                            "from Python does not unpack together yet: split the function "
+                            "in two")  # fmt: skip
         if self._states is not None:
-            flat = [p["name"] for p in self._positional]
             return self._states.call(self._call, flat, args, kwargs, out)
+        if self._caches is not None:
+            return self._caches.call(self._call, flat, args, kwargs, out)
         return self._call(*args, out=out, **kwargs)
 
     def _call(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
@@ -321,6 +335,9 @@ class Entry:
         for g in self.meta["guards"]:
             left = evaluate(g["left"], sizes, "guard")
             right = evaluate(g["right"], sizes, "guard")
+            if g["kind"] == "indices" and g["tensor"] in self._lengths:
+                self._check_room(g["tensor"], values[g["tensor"]], right, sizes)
+                continue
             if g["kind"] == "indices":
                 self._check_indices(g, values[g["tensor"]], left, right)
                 continue
@@ -337,6 +354,22 @@ class Entry:
                 raise ValueError(
                     f"{self.name}(): {g['left']} = {left} breaks {broken} ({g['reason']})"
                 )
+
+    def _check_room(self, tensor: str, lengths: Any, bound: int, sizes: Mapping[str, int]) -> None:
+        """The appends into a cache without a rolling window fit: each row's length is
+        below ``bound`` (``S_max`` less the positions appended, plus one). Checked before
+        the launch, so that nothing is written when they do not."""
+        extremes = _extremes(lengths)
+        if extremes is None or extremes[1] < bound:
+            return
+        cache = self._lengths[tensor]
+        top = evaluate(cache["s_max"], sizes, "S_max")
+        row = int(np.argmax(np.asarray(lengths) >= bound))
+        raise ValueError(
+            f"{self.name}(): row {row} of '{cache['name']}' holds {int(lengths[row])} of "
+            f"S_max = {top} positions; {top + 1 - bound} more do not fit (declare "
+            "@rolling_window(W) to keep the last positions instead)"
+        )
 
     def _check_indices(self, g: Mapping[str, Any], array: Any, low: int, bound: int) -> None:
         """An index tensor's values are in ``[low, bound)``: a gather's kernel would

@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any
 
 import numpy as np
 
-__all__ = ["KVCache", "decode_attention", "decode_block", "decode_library", "decode_source"]
+__all__ = [
+    "KVCache", "CacheSignature", "decode_attention", "decode_block", "decode_library",
+    "decode_source",
+]  # fmt: skip
 
 #: Cache dtypes, by numpy name, and the Tessera dtype the kernel is instantiated for.
 _DTYPES = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -174,6 +178,88 @@ class KVCache:
                 )
             counts = np.minimum(counts, self.window)
         return counts
+
+
+class CacheSignature:
+    """The ``KVCache`` parameters of one compiled function (its metadata's ``caches``):
+    the entry takes each as its three tensors ``<name>_k``, ``<name>_v`` and
+    ``<name>_lengths``, which the function's appends write in place; a call takes a
+    ``KVCache`` in their place and returns it (the same object, its arrays updated)
+    where the function returns the cache."""
+
+    def __init__(self, name: str, inputs: list[Mapping[str, Any]], meta: Mapping[str, Any]):
+        self.name = name
+        self.caches = {c["name"]: c for c in meta["caches"]}
+        self.returns = meta["returns"]
+        flat = {f"{c}_{field}": c for c in self.caches for field in ("k", "v", "lengths")}
+        #: the inputs as the caller passes them: each cache as one input, where its K is
+        self.inputs: list[Mapping[str, Any]] = []
+        for p in inputs:
+            cache = flat.get(p["name"])
+            if cache is None:
+                self.inputs.append(p)
+            elif p["name"] == f"{cache}_k":
+                self.inputs.append({**p, "name": cache, "kind": "cache"})
+
+    def signature(self, items: Callable[[list[Mapping[str, Any]]], list[str]]) -> list[str]:
+        """The inputs as the docstring shows them, a cache as its ``.tsr`` type."""
+        shown = []
+        for p in self.inputs:
+            if p["kind"] != "cache":
+                shown += [i for i in items([p]) if i != "*"]
+                continue
+            dims = ", ".join(p["dims"])
+            window = self.caches[p["name"]]["window"]
+            ring = f" @rolling_window({window})" if window is not None else ""
+            shown.append(f"{p['name']}: KVCache[{dims}, {p['dtype']}]{ring}")
+        first = next((i for i, p in enumerate(self.inputs) if p.get("keyword_only")), None)
+        return shown if first is None else [*shown[:first], "*", *shown[first:]]
+
+    def call(
+        self, run: Callable[..., Any], flat: list[str], args: tuple, kwargs: dict, out: Any
+    ) -> Any:
+        """Check each cache argument, run the function on its arrays (``flat``: the names
+        ``run`` takes by position), and put the cache back among the results where the
+        function returns it."""
+        positional = [p["name"] for p in self.inputs if not p.get("keyword_only")]
+        if len(args) > len(positional):
+            raise TypeError(f"{self.name}() takes {len(positional)} positional arguments, "
+                            f"{len(args)} given")  # fmt: skip
+        values = dict(zip(positional, args, strict=False))
+        for key, value in kwargs.items():
+            if key in values:
+                raise TypeError(f"{self.name}() got '{key}' twice")
+            values[key] = value
+        given = {}
+        for name, spec in self.caches.items():
+            if name not in values:
+                raise TypeError(f"{self.name}() is missing {name}")
+            cache = values.pop(name)
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"{self.name}(): '{name}' must be a tessera.KVCache, not "
+                                f"{type(cache).__name__}")  # fmt: skip
+            if cache.window != spec["window"]:
+                declared = (f"@rolling_window({spec['window']})" if spec["window"] is not None
+                            else "no @rolling_window")  # fmt: skip
+                raise ValueError(f"{self.name}(): '{name}' has window={cache.window}, and the "
+                                 f"function declares {declared}")  # fmt: skip
+            # the entry checks the arrays against the declared dims and dtype, and the
+            # guards the lengths: what KVCache.check would, in C on the fast path
+            values.update({f"{name}_k": cache.K, f"{name}_v": cache.V,
+                           f"{name}_lengths": cache.lengths})  # fmt: skip
+            given[name] = cache
+        by_position = []
+        for key in flat:  # by position while they last: the fast path takes those
+            if key not in values:
+                break
+            by_position.append(values.pop(key))
+        done = run(*by_position, **values) if out is None else run(*by_position, **values, out=out)
+        if not any(spec["returned"] for spec in self.caches.values()):
+            return done
+        computed = iter(done if isinstance(done, tuple) else () if done is None else (done,))
+        returned = {i: given[name] for name, s in self.caches.items() for i in s["returned"]}
+        results = [returned[i] if i in returned else next(computed) for i in range(self.returns)]
+        return tuple(results) if len(results) > 1 else results[0]
 
 
 def decode_source(dtype: str = "bf16", block: tuple[int, int] | None = None) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..transpiler.check.bounds import accessed
-from ..transpiler.graph.dtypes import DTYPES
+from ..transpiler.graph.dtypes import ENTRY_DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
 
 __all__ = ["BoundsError", "NonFiniteError", "check_finite", "raise_cpu_fault", "raise_fault"]
@@ -44,7 +44,7 @@ def check_finite(launch: Mapping[str, Any], name: str, data: bytes | np.ndarray)
     """Raise ``NonFiniteError`` if tensor ``name``, as ``launch`` wrote it, holds NaN or
     infinity: the kernel, its ``.tsr`` line and the first such element's index."""
     dtype = next(w["dtype"] for w in launch["sentinel"]["writes"] if w["name"] == name)
-    kind = np.dtype(numpy_dtype(DTYPES[dtype]))
+    kind = np.dtype(numpy_dtype(ENTRY_DTYPES[dtype]))
     raw = bytes(data)  # an empty tensor's buffer holds one byte that no program wrote
     raw = raw[: len(raw) // kind.itemsize * kind.itemsize]
     values = np.frombuffer(raw, dtype=kind).astype(np.float32)

@@ -19,7 +19,7 @@ import numpy as np
 from ..frozen import frozen
 from ..runtime.cpu import CpuFunction
 from ..transpiler.graph.dims import parse_dim
-from ..transpiler.graph.dtypes import DTYPES
+from ..transpiler.graph.dtypes import ENTRY_DTYPES
 from ..transpiler.tile.interpret import numpy_dtype
 
 __all__ = ["Inputs", "Runner", "make_inputs"]
@@ -50,7 +50,7 @@ def make_inputs(meta: Mapping[str, Any], seed: int = 0) -> Inputs:
             args[p["name"]] = {"bool": False, "int": 1}.get(p["type"], 0.5)
             continue
         shape = tuple(_constant(d, p["name"]) for d in p["dims"])
-        dtype = numpy_dtype(DTYPES[p["dtype"]])
+        dtype = numpy_dtype(ENTRY_DTYPES[p["dtype"]])
         if p["io"] == "out":
             results.append((shape, np.dtype(dtype)))
         else:

@@ -730,7 +730,10 @@ NO_GRADIENT = {
     "all_reduce and a slice",
     "all_to_all": "only all_reduce has a gradient among the collectives yet; exchange "
     "outside the differentiated function",
-    "kvcache.append": "keep state updates out of the differentiated function",
+    **dict.fromkeys(
+        ("kvcache.append", "kvcache.advance"),
+        "keep state updates out of the differentiated function",
+    ),
     "norm_stats": "a norm's backward kernels have no derivatives of their own: second "
     "derivatives of a norm need it written out, (x - mean(x)) * rsqrt(var(x) + eps) * w",
     **dict.fromkeys(

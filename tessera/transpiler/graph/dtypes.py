@@ -69,6 +69,11 @@ ALIASES = {
 
 F32 = DTYPES["f32"]
 I32 = DTYPES["i32"]
+#: The lengths of a ``KVCache`` (``tessera.KVCache.lengths``, numpy's int64), which only
+#: a cache's tensors at an entry have (``tile.kvcache``): no annotation spells it.
+I64 = DType("i64", 64, "int")
+#: Every dtype a tensor at an entry may have, by the name its metadata gives.
+ENTRY_DTYPES = {**DTYPES, I64.name: I64}
 
 #: A comparison's result: a mask, which only ``where`` and ``cast`` read. It is no dtype
 #: an annotation can name, so no parameter or result has it; where a mask must be kept

@@ -24,7 +24,7 @@ from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
 from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
-from .kvcache import check_append, check_not_attended
+from .kvcache import cache_param, check_append, check_not_attended, rolling_window, room_guard
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .optstate import adam_on_state
 from .schedule_spec import ScheduleSpec, apply_method
@@ -1022,10 +1022,30 @@ class Evaluator:
                     f"KVCache.append: {ev.text} must be a tensor, not {describe(ev.value)}", ev.span
                 )
         check_append(cache.type, [(e.text, e.value.type, e.span) for e in args])
+        emitter = self._runtime(node.span)
         operands = (cache, args[0].value, args[1].value)
-        return self._runtime(node.span).emit(
+        (written,) = emitter.emit(
             "kvcache.append", operands, (cache.type,), (), ("state",), node.span
-        )[0]
+        )
+        # the lengths grow in a launch of their own, after every program of the append
+        # has read them (``tile.kvcache``)
+        n = args[0].value.type.dims[2]
+        (grown,) = emitter.emit(
+            "kvcache.advance", (written,), (cache.type,), (("n", n),), ("state",), node.span
+        )
+        window, s_max = rolling_window(cache.type), cache.type.dims[2]
+        if window is not None:  # the ring's slots are the cache's first W, each written once
+            emitter.guard("at_most", Dim.const(window), s_max,
+                          "KVCache.append: the rolling window fits S_max", node.span)  # fmt: skip
+            emitter.guard("at_most", n, Dim.const(window),
+                          "KVCache.append: one append adds at most the window's positions",
+                          node.span)  # fmt: skip
+        else:
+            param, appended = cache_param((op for b in emitter.blocks for op in b), grown)
+            guard = room_guard(param, appended, node.span)
+            if all((g.tensor, g.right) != (guard.tensor, guard.right) for g in emitter.guards):
+                emitter.guards.append(guard)
+        return grown
 
     def _schedule(self, node: ast.Call, ref: OpRef) -> ScheduleValue:
         """``Schedule(...)`` or a method of a schedule: a new, checked schedule value."""

@@ -77,6 +77,7 @@ _ANCHORS = {
     "attention_dv": "attention",
     "norm_param_grad": "columns",
     "kvcache.append": "state",
+    "kvcache.advance": "state",
     "all_reduce": "collective",
     "all_gather": "collective",
     "reduce_scatter": "collective",

@@ -14,7 +14,6 @@ __all__ = ["NOT_YET", "not_yet"]
 
 #: Each feature as the user writes it, and what the program does instead.
 NOT_YET = {
-    "@rolling_window": "compiled code does not append; tessera.KVCache(window=W) keeps the ring",
     "@device": "the state lives where the target's tensors do",
     "@paged": "the state is held in contiguous tensors",
     "@checkpointable": "the state is not checkpointed",

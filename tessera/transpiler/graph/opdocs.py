@@ -82,7 +82,9 @@ step, and slices of a vector or a tile (`tile.split` does), are not supported |
 | `x[:, i]` | element `i` along an axis, without the axis (`h[:, -1]`: the last position): the \
 slice `i:i+1`, copied, reshaped |
 | `cache.K`, `cache.V` | the key and value tensors of a `KVCache[B, H, S_max, D_h, dtype]` |
-| `cache.append(k, v)` | the cache with `k` and `v` appended: a state effect |
+| `cache.append(k, v)` | the cache with `k` and `v` appended, written in place into the \
+caller's arrays: a state effect, two launches in program order \
+([kv-cache.md](kv-cache.md#in-tsr-source)) |
 | `float(n)`, `int(n)` | a number or a size as a scalar; `float(n)` of an `int` parameter \
 too. `n / m` of ints is a float, as in Python |
 | `INF`, `NAN`, `inf`, `nan` | infinity and not-a-number (`-inf` for masks); Python's \

@@ -18,7 +18,7 @@ from ..graph.dims import Dim
 from ..graph.ir import Guard, StateSlot
 from ..graph.types import TensorType, ValueType
 
-__all__ = ["GridDim", "Launch", "Buffer", "HostProgram", "ScheduleModule"]
+__all__ = ["GridDim", "Launch", "Buffer", "CacheSlot", "HostProgram", "ScheduleModule"]
 
 
 @frozen
@@ -97,6 +97,19 @@ class Buffer:
 
 
 @frozen
+class CacheSlot:
+    """A ``KVCache`` parameter, which the entry takes as its three tensors
+    (``graph.kvcache.flat_names``): its name, ``S_max`` and rolling window (None
+    without one), and the positions among the function's results where it is returned
+    (an append writes in place, so a returned cache is always a parameter's)."""
+
+    name: str
+    s_max: Dim
+    window: int | None
+    returned: tuple[int, ...] = ()
+
+
+@frozen
 class HostProgram:
     function: str
     kind: str
@@ -125,6 +138,9 @@ class HostProgram:
     #: input) by name: a returned ``OptimizerState``'s tensors into the donated state's
     #: (``lower._Scheduler._donated``).
     donated: tuple[tuple[str, str], ...] = ()
+    #: The ``KVCache`` parameters: a runtime takes a ``tessera.KVCache`` for each and
+    #: returns it where the function returns it.
+    caches: tuple[CacheSlot, ...] = ()
 
 
 @frozen

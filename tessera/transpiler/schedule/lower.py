@@ -20,13 +20,14 @@ from ..graph.dims import Dim
 from ..graph.fusion import kernel_order
 from ..graph.graph_ops import DRAWN, ELEMENTWISE_MATH, rows_permuted
 from ..graph.ir import Block, Function, GraphModule, Group, Guard, Op, Value, walk
+from ..graph.kvcache import cache_param, rolling_window
 from ..graph.printer import value_names
 from ..graph.schedule_spec import ScheduleSpec
-from ..graph.types import TensorType, TileType, result_types
+from ..graph.types import KVCacheType, TensorType, TileType, result_types
 from ..options import Options
 from .hardware import Hardware, hardware_for
 from .heuristics import default_knobs, loop_tiles, score
-from .ir import GridDim, HostProgram, Launch, ScheduleModule
+from .ir import CacheSlot, GridDim, HostProgram, Launch, ScheduleModule
 from .memory import Interval, plan_buffers
 from .problem import Problem
 from .resources import resources
@@ -50,7 +51,8 @@ TEMPLATES = {
     "layernorm": "layernorm", "layernorm_safe": "layernorm", "rmsnorm": "rmsnorm",
     "rmsnorm_safe": "rmsnorm", "sum": "row_sum", "max": "row_max", "mean": "row_mean",
     "matmul": "gemm", "flash_attention": "flash_attention", "transpose": "transpose",
-    "kvcache.append": "kvcache_append", "all_reduce": "all_reduce",
+    "kvcache.append": "kvcache_append", "kvcache.advance": "kvcache_advance",
+    "all_reduce": "all_reduce",
     "rotary_embedding": "rotary_embedding", "take_along_axis": "take_along_axis",
     "put_along_axis": "put_along_axis", "scatter_add": "scatter_add", "pad": "pad",
     "attention_stats": "attention_stats", "attention_dq": "attention_dq",
@@ -156,7 +158,9 @@ class _Scheduler:
         defaults = tuple((self.names[p.value.id], p.default) for p in f.params
                          if p.default is not None)  # fmt: skip
         keyword_only = tuple(self.names[p.value.id] for p in f.params if p.keyword_only)
-        results = tuple(self.names[v.id] for v in f.body.yields)
+        # a returned cache is a parameter's arrays, written in place: no result of the entry
+        results = tuple(self.names[v.id] for v in f.body.yields
+                        if not isinstance(v.type, KVCacheType))  # fmt: skip
         declared = result_types(f.result_type) or tuple(v.type for v in f.body.yields)
         types = tuple(p.value.type for p in f.params) + tuple(
             t for t in declared if isinstance(t, TensorType)
@@ -165,6 +169,7 @@ class _Scheduler:
             return HostProgram(
                 f.name, f.kind, inputs, results, (), span=f.span, defaults=defaults,
                 keyword_only=keyword_only, types=types, states=f.states,
+                caches=self._caches(),
             )  # fmt: skip
         launches = []
         writer: dict[int, int] = {}
@@ -179,7 +184,19 @@ class _Scheduler:
             f.name, f.kind, inputs, results, tuple(launches),
             buffers, tuple(self.guards), span=f.span, defaults=defaults,
             keyword_only=keyword_only, types=types, saved=self._saved(buffers),
-            states=f.states, donated=self._donated(writer),
+            states=f.states, donated=self._donated(writer), caches=self._caches(),
+        )  # fmt: skip
+
+    def _caches(self) -> tuple[CacheSlot, ...]:
+        """The function's ``KVCache`` parameters, and where each is returned."""
+        f = self.function
+        returned = [cache_param(f.body.ops, v)[0].id if isinstance(v.type, KVCacheType) else None
+                    for v in f.body.yields]  # fmt: skip
+        return tuple(
+            CacheSlot(p.value.name, p.value.type.dims[2], rolling_window(p.value.type),
+                      tuple(i for i, r in enumerate(returned) if r == p.value.id))
+            for p in f.params
+            if isinstance(p.value.type, KVCacheType) and p.value.type.dims is not None
         )  # fmt: skip
 
     def _guard(self, guard: Guard) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from fractions import Fraction
 from typing import Any
 
@@ -17,6 +17,7 @@ __all__ = [
     "c_float",
     "saturated",
     "integer_variant",
+    "kv_slot",
     "param_name",
     "names_used",
     "MAX_INLINED_OPS",
@@ -82,6 +83,16 @@ def c_factor(
     """``c_dim``, parenthesized where it is a sum (``C - 8``), to multiply by."""
     text = c_dim(dim, names, strides)
     return f"({text})" if len(dim.terms) > 1 else text
+
+
+def kv_slot(op: Any, lengths: str, c: Callable[[Dim], str]) -> str:
+    """The C expression of a ``kv_slot`` op (``tile.kvcache``) over the lengths pointer
+    ``lengths``, sizes printed by ``c``: ``(length % ring + ring + row) % ring``, which
+    is in ``[0, ring)`` for any length, a negative one too, so no store through it is
+    out of bounds."""
+    ring = f"({c(op.attr('ring'))})"
+    length = f"{lengths}[{c(Dim.sym(op.attr('batch')))}]"
+    return f"({length} % {ring} + {ring} + {c(Dim.sym(op.attr('row')))}) % {ring}"
 
 
 def c_float(value: float) -> str:

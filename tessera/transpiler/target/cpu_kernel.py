@@ -29,9 +29,18 @@ from ..graph.graph_ops import (
 from ..graph.ir import Block, Op, Value, walk
 from ..graph.stochastic import STOCHASTIC_FORMATS, stochastic_operands
 from ..graph.types import ScalarType, TensorType, TileType
-from ..tile.ir import Access, Live, TileKernel
+from ..tile.ir import STORES, Access, Live, TileKernel
 from ..tile.rewrite import use_counts
-from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, c_float, integer_variant, param_name, saturated
+from .cexpr import (
+    MAX_INLINED_OPS,
+    c_dim,
+    c_factor,
+    c_float,
+    integer_variant,
+    kv_slot,
+    param_name,
+    saturated,
+)
 from .cpu_dequant import Dequantized, dequantized_operands
 from .debug_checks import bounds_lines
 from .naming import Namer, symbol_names
@@ -44,7 +53,8 @@ __all__ = ["CParam", "CKernel", "emit_kernel", "KERNEL_FUNCTIONS", "C_TYPES", "R
 C_TYPES = {
     "f32": "float", "tf32": "float", "bf16": "tsr::bf16", "f16": "tsr::f16",
     "fp8_e4m3": "tsr::e4m3", "fp8_e5m2": "tsr::e5m2", "i32": "std::int32_t", "i8": "std::int8_t",
-    "i4": "tsr::i4", "bool": "float",  # a mask between kernels: 1.0 and 0.0
+    "i4": "tsr::i4", "i64": "std::int64_t",
+    "bool": "float",  # a mask between kernels: 1.0 and 0.0
 }  # fmt: skip
 #: How a value of each dtype is rounded when it is produced (f32 needs nothing).
 ROUND = {"bf16": "tsr::round_bf16", "f16": "tsr::round_f16", "tf32": "tsr::round_tf32",
@@ -313,7 +323,7 @@ class _Emitter:
 
     def run(self) -> CKernel:
         params = []
-        written = {op.operands[0].id for op in walk(self.kernel.body) if op.kind == "store"}
+        written = {op.operands[0].id for op in walk(self.kernel.body) if op.kind in STORES}
         for p in self.kernel.params:
             name = self.namer.fresh(p.name, "arg")
             self.names[p.id] = name
@@ -395,6 +405,17 @@ class _Emitter:
 
     def op_dim_to_float(self, op: Op) -> None:
         self.scalar(op, f"static_cast<float>({self.c(op.attr('dim'))})")
+
+    def op_kv_slot(self, op: Op) -> None:
+        """The slot of a cache's ring that this program's row goes to: the row's length
+        plus the row, modulo the ring, in ``[0, ring)`` whatever the length holds."""
+        name = self.namer.fresh(op.result.name or "slot")
+        self.counters[op.result.name] = name
+        self.line(f"const tsr::i64 {name} = {kv_slot(op, self.name(op.operands[0]), self.c)};")
+
+    def op_kv_advance(self, op: Op) -> None:
+        lengths, row = self.name(op.operands[0]), self.c(Dim.sym(op.attr("pid")))
+        self.line(f"{lengths}[{row}] += {self.c(op.attr('n'))};")
 
     # -- elementwise ----------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..check.bounds import FAULT, accessed
 from ..graph.dims import parse_dim
-from ..graph.dtypes import DTYPES
+from ..graph.dtypes import ENTRY_DTYPES
 from .cexpr import c_dim
 from .entry import signature_items
 from .render import environment, python_text
@@ -29,7 +29,7 @@ __all__ = ["LoaderError", "python_loader"]
 #: The cupy dtype that holds each Tessera dtype: bf16 and fp8 travel as their bits.
 _STORAGE = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "uint16",
             "fp8_e4m3": "uint8", "fp8_e5m2": "uint8", "i32": "int32", "i8": "int8",
-            "i4": "uint8", "f64": "float64"}  # fmt: skip
+            "i4": "uint8", "f64": "float64", "i64": "int64"}  # fmt: skip
 _SCALARS = {"float": "float32", "int": "int64", "bool": "int32"}
 _RELATIONS = {"equal": "==", "at_most": "<=", "at_least": ">="}
 _WIDTH = 88  # black's default line length
@@ -181,7 +181,7 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
     for launch in f["launches"]:
         for m in launch.get("tensor_maps", ()):
             dims = _tuple([_py_size(d, names) for d in m["dims"]])
-            element_bytes = str(DTYPES[m["dtype"]].bits // 8)
+            element_bytes = str(ENTRY_DTYPES[m["dtype"]].bits // 8)
             args = [m["tensor"], element_bytes, dims, _tuple([str(b) for b in m["box"]])]
             body.extend(_wrap(4, f"{m['name']} = _tensor_map(", args, ")"))
         body.extend(_wrap(4, "_launch(", _launch(launch, names), ")"))

@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..graph.ir import Function, Guard, StateSlot, result_names, walk
-from ..graph.types import ScalarType, TensorType
+from ..graph.kvcache import flat_names
+from ..graph.types import KVCacheType, ScalarType, TensorType
 from ..schedule.ir import HostProgram
-from ..tile.ir import TileKernel, TileProgram
+from ..tile.ir import STORES, TileKernel, TileProgram
+from ..tile.kvcache import flat_types
 
 __all__ = [
     "signature_items", "symbols", "kernel_sizes", "entry_params", "written", "signature_meta",
@@ -34,14 +36,18 @@ def symbols(types: list[Any]) -> tuple[str, ...]:
     return tuple(found)
 
 
+#: The ops that name a size outside their tensors' dims, and the attribute that holds it.
+_SIZE_ATTR = {"dim_to_float": "dim", "kv_advance": "n"}
+
+
 def kernel_sizes(kernel: TileKernel) -> tuple[str, ...]:
     """The size symbols a kernel takes: those of its tensors' dims, then those that only
     a size read as a float names (``float(R - 1)`` in a kernel over ``[1, C]``: the
-    divisor of a variance over the rows)."""
+    divisor of a variance over the rows), or a cache's advance adds (its appended ``n``)."""
     found = dict.fromkeys(symbols([p.type for p in kernel.params]))
     for op in walk(kernel.body):
-        if op.kind == "dim_to_float":
-            found.update(dict.fromkeys(sorted(op.attr("dim").symbols())))
+        if op.kind in ("dim_to_float", "kv_advance"):
+            found.update(dict.fromkeys(sorted(op.attr(_SIZE_ATTR[op.kind]).symbols())))
     return tuple(found)
 
 
@@ -55,6 +61,12 @@ def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
     if program.host.kind != "declaration":
         names += result_names(len(program.host.results))
     declared = dict(zip(names, program.host.types, strict=False))
+    # a KVCache is its three tensors, in its place (``tile.kvcache``)
+    for name, t in list(declared.items()):
+        if isinstance(t, KVCacheType) and t.dims is not None:
+            at = names.index(name)
+            names[at : at + 1] = flat_names(name)
+            declared.update(zip(flat_names(name), flat_types(t), strict=True))
     # every declared parameter keeps its place, read or not (a gradient may not need an
     # input, a scalar may be unused while a model is written): callers pass what the
     # ``.tsr`` signature says
@@ -67,7 +79,7 @@ def entry_params(program: TileProgram) -> list[tuple[str, Any]]:
 def written(program: TileProgram, name: str) -> bool:
     """Whether a kernel of the program stores into the parameter ``name``."""
     return any(
-        op.kind == "store" and op.operands[0].name == name
+        op.kind in STORES and op.operands[0].name == name
         for kernel in program.kernels
         for op in walk(kernel.body)
     )
@@ -115,6 +127,14 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
     }  # fmt: skip
     if program.host.states:
         meta["states"] = [_state_meta(s, program.host) for s in program.host.states]
+    if program.host.caches:
+        returned = sum(len(c.returned) for c in program.host.caches)
+        meta["returns"] = len(program.host.results) + returned
+        meta["caches"] = [
+            {"name": c.name, "s_max": str(c.s_max), "window": c.window,
+             "returned": list(c.returned)}
+            for c in program.host.caches
+        ]  # fmt: skip
     return meta
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..check.bounds import FAULT, FAULT_BYTES, accessed
 from ..graph.dims import Dim, parse_dim
-from ..graph.dtypes import DTYPES
+from ..graph.dtypes import ENTRY_DTYPES
 from .cexpr import c_dim, names_used, param_name
 from .simt_dialect import DIALECTS
 
@@ -328,7 +328,7 @@ def _sentinel(k: Mapping[str, Any], f: Mapping[str, Any]) -> list[str]:
     buffers = {b["name"]: b["bytes"] for b in f["buffers"]}
     lines = []
     for w in k["sentinel"]["writes"]:
-        size = DTYPES[w["dtype"]].bits // 8
+        size = ENTRY_DTYPES[w["dtype"]].bits // 8
         if w["name"] in dims:
             count = Dim.const(1)
             for d in dims[w["name"]]:
@@ -363,7 +363,7 @@ def _launch(k: Mapping[str, Any], target: str, f: Mapping[str, Any]) -> list[str
         ]
     tensors = {p["name"] for p in f["params"] if p["kind"] == "tensor"}
     for m in k.get("tensor_maps", ()):
-        element = DTYPES[m["dtype"]].bits // 8
+        element = ENTRY_DTYPES[m["dtype"]].bits // 8
         address = m["tensor"] if m["tensor"] in tensors else f"static_cast<void*>({m['tensor']})"
         inner += [
             f"tsr_tensor_map {m['name']};",

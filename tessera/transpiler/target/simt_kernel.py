@@ -43,10 +43,10 @@ from ..graph.ir import Block, Op, Value, walk
 from ..graph.stochastic import STOCHASTIC_FORMATS, stochastic_operands
 from ..graph.types import ScalarType, TensorType
 from ..schedule.hardware import GRID_COLUMNS
-from ..tile.ir import Access, Mma, TileKernel
+from ..tile.ir import STORES, Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
-from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, integer_variant, saturated
+from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, integer_variant, kv_slot, saturated
 from .debug_checks import bounds_lines
 from .index_names import with_named_indices
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer, symbol_names
@@ -171,6 +171,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         pids = tuple(a.name for a in kernel.grid)
         counters = tuple(op.regions[0].args[0].name for op in walk(kernel.body)
                          if op.kind == "for")  # fmt: skip
+        counters += tuple(op.result.name for op in walk(kernel.body) if op.kind == "kv_slot")
         #: Printed names of the symbols in sizes and offsets: sizes, program ids and loop
         #: counters keep theirs unless C or the loops this emitter writes take them.
         self.symbols = symbol_names((*dims, *pids, *counters), _RESERVED)
@@ -223,7 +224,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         #: While a walk over a distribution runs: that distribution, and where it began.
         self.walking: Distribution | None = None
         self.walk_head = self.walk_start = 0
-        self.stored = {op.operands[0].id for op in walk(kernel.body) if op.kind == "store"}
+        self.stored = {op.operands[0].id for op in walk(kernel.body) if op.kind in STORES}
         #: While a store's value is printed: the terms of the condition it is stored under,
         #: which a read inside the value need not test again.
         self.implied: frozenset[str] = frozenset()
@@ -612,6 +613,17 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
 
     def op_dim_to_float(self, op: Op) -> None:
         self.scalar(op, f"(float)({self.c(op.attr('dim'))})")
+
+    def op_kv_slot(self, op: Op) -> None:
+        """The slot of a cache's ring that this program's row goes to (``kv_slot``)."""
+        name = self.symbols[op.result.name]
+        expr = kv_slot(op, self.forms[op.operands[0].id].name, self.c)
+        self.line(f"const {self.d.index_type} {name} = {expr};")
+
+    def op_kv_advance(self, op: Op) -> None:
+        """A cache's length grows by the positions appended, written by one thread."""
+        lengths, row = self.forms[op.operands[0].id].name, self.c(Dim.sym(op.attr("pid")))
+        self.line(f"if (lid == 0) {lengths}[{row}] += {self.c(op.attr('n'))};")
 
     def lazy(self, result: Value, element: Element, *operands: Any) -> None:
         """``result`` as an expression of its index, in the distribution of the owned

@@ -19,7 +19,7 @@ from ..graph.fusion import kernel_order, op_class
 from ..graph.graph_ops import DRAWN, ELEMENTWISE_MATH, retyping_view, rows_permuted
 from ..graph.ir import RESULT, Function, GraphModule, Group, Op, Value, new_value, result_names
 from ..graph.printer import value_names
-from ..graph.types import ScalarType, TensorType, in_memory
+from ..graph.types import KVCacheType, ScalarType, TensorType, in_memory
 from ..options import Options
 from ..schedule.hardware import hardware_for
 from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
@@ -32,6 +32,7 @@ from .instantiate import (
     view_of,
 )
 from .ir import TileKernel, TileModule, TileProgram
+from .kvcache import cache_kernel
 from .lower import KernelInput, View, lower_tile_function
 from .passes import SharedMemoryOverflow, run_tile_passes
 
@@ -97,15 +98,19 @@ def _lower_launch(
         )  # fmt: skip
         return lower_tile_function(function, launch, given)
     names = {name: value for value, name in _named_values(function)}
-    yields = function.body.yields
+    yields = [v for v in function.body.yields if not isinstance(v.type, KVCacheType)]
     # A kernel takes a result by the name the entry passes it under (``out``, or ``out0``,
-    # ``out1``, ...), an intermediate by the name every launch takes it by.
+    # ``out1``, ...), an intermediate by the name every launch takes it by; a returned
+    # cache is no result (its arrays are a parameter's, written in place).
     results = {v.id: out for v, out in zip(yields, result_names(len(yields)), strict=True)}
     rename: dict[int, Value] = {}
     for printed in (*launch.reads, *launch.writes):
-        if printed in names:
+        if printed in names and not isinstance(names[printed].type, KVCacheType):
             v = names[printed]
             rename[v.id] = new_value(in_memory(v.type), results.get(v.id, param_name(printed)))
+    if group.kind == "state":
+        (op,) = (function.body.ops[i] for i in group.ops)  # fusion adds nothing to it
+        return cache_kernel(function, op, launch, name, rename)
     ops = kernel_order([function.body.ops[i] for i in group.ops])
     split = next(
         (op for op in ops if op.kind == "split_qkv" and op.result.type.dims[-3].constant is None),

@@ -40,7 +40,7 @@ __all__ = [
 _NUMPY = {
     "f32": np.float32, "tf32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
     "fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2,
-    "i32": np.int32, "i8": np.int8, "f64": np.float64,
+    "i32": np.int32, "i8": np.int8, "f64": np.float64, "i64": np.int64,
     "i4": np.uint8,  # the bytes of a packed tensor, two elements to a byte
 }  # fmt: skip
 

@@ -19,6 +19,8 @@ barriers stand where they are needed. Operations reuse the Graph IR's ``Op``,
 ``release``          free a pipeline stage for a producer warpgroup's next copies into it
 ``mma``              ``acc + a @ b`` on the instruction legalization chose
 ``mask_edge``        set a tile's elements past a ragged edge to a fill value
+``kv_slot``          the slot a cache append writes a row into (``tile.kvcache``)
+``kv_advance``       a cache's length grows by the positions appended
 ``for`` / ``if``     structured control flow, as in the Graph IR
 """
 
@@ -47,7 +49,11 @@ __all__ = [
     "TileKernel",
     "TileProgram",
     "TileModule",
+    "STORES",
 ]
+
+#: The ops that write the tensor that is their first operand.
+STORES = ("store", "kv_advance")
 
 
 @frozen
@@ -281,6 +287,17 @@ class TileKernel:
     span: Span | None = field(default=None, compare=False, repr=False)
 
     @property
+    def made_from(self) -> str:
+        """What the kernel instantiates, as comments and printers say it: a library
+        kernel, the file's own tile kernel that a graph function calls, or the cache's
+        append or advance, which the compiler builds itself (``tile.kvcache``)."""
+        if self.kind == "tile_call":
+            return f"the tile kernel {self.template}"
+        if self.kind == "state":
+            return f"the KV cache's {self.template.removeprefix('kvcache_')}"
+        return f"the library's {self.template}"
+
+    @property
     def smem_bytes(self) -> int:
         return max((s.offset + s.bytes for s in self.smem), default=0)
 
@@ -289,9 +306,7 @@ class TileKernel:
         """Where the kernel's code comes from, as the generated source's comment says."""
         if self.template == "tile_kernel":
             return f"tile kernel {self.function}"
-        if self.kind == "tile_call":
-            return f"launch {self.launch} of {self.function}: the tile kernel {self.template}"
-        return f"launch {self.launch} of {self.function}: the library's {self.template}"
+        return f"launch {self.launch} of {self.function}: {self.made_from}"
 
     @property
     def uses_wgmma(self) -> bool:

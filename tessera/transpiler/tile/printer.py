@@ -34,8 +34,8 @@ def print_tile(module: TileModule) -> str:
 def print_kernel(kernel: TileKernel) -> list[str]:
     printer = OpPrinter(name_values(list(kernel.params), kernel.body))
     template = "" if kernel.template == "tile_kernel" else f", {kernel.template} from the library"
-    if kernel.kind == "tile_call":
-        template = f", the tile kernel {kernel.template}"
+    if kernel.kind in ("tile_call", "state"):
+        template = f", {kernel.made_from}"
     out = [f"kernel @{kernel.name} ({kernel.kind}{template}) {{"]
     persistent = "  persistent: one program per multiprocessor" if kernel.persistent else ""
     out.append("  grid [" + ", ".join(str(a) for a in kernel.grid) + "]" + persistent)

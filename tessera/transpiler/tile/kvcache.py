@@ -1,0 +1,103 @@
+"""The kernels of ``cache.append(k, v)`` in a graph function: the cache written in place.
+
+A ``KVCache["B", "H", "S_max", "D", dtype]`` parameter ``cache`` is three tensors at
+the entry (``target.entry``): ``cache_k`` and ``cache_v`` ``[B, H, S_max, D]`` and
+``cache_lengths`` ``[B]`` (int64), the arrays of a ``tessera.KVCache``. An append is two
+launches, in program order:
+
+``kvcache.append``   one program per new position and (batch row, head): it reads the
+                     row's length, computes the slot ``(length + i) % ring`` (``ring``
+                     the window's ``W``, else ``S_max``) and stores that row of ``k`` and
+                     ``v`` there, into the caller's arrays
+``kvcache.advance``  one program per batch row: ``lengths[b] += n``
+
+The lengths grow in a launch of their own because every program of the append reads
+them: a program that added to them while another still read them would race. The slot
+is taken modulo the ring whatever the lengths hold, so no store is ever out of bounds;
+the runtime refuses an append past ``S_max`` without a window before the launch
+(``tessera.runtime.kvcache``).
+"""
+
+from __future__ import annotations
+
+from ..graph.dims import Dim
+from ..graph.dtypes import I64
+from ..graph.ir import Block, Function, Op, Value, new_value
+from ..graph.kvcache import cache_param, flat_names, rolling_window
+from ..graph.types import KVCacheType, TensorType, TileType
+from ..schedule.ir import Launch
+from .ir import Access, Axis, GridAxis, TileKernel
+from .lower import INDEX
+
+__all__ = ["cache_kernel", "flat_types"]
+
+_ONE = Dim.const(1)
+_ZERO = Dim.const(0)
+
+
+def flat_types(t: KVCacheType) -> tuple[TensorType, TensorType, TensorType]:
+    """The types of a cache's ``K``, ``V`` and ``lengths``."""
+    assert t.dims is not None and t.dtype is not None, "checked by the append's analysis"
+    cache = TensorType(t.dims, t.dtype)
+    return cache, cache, TensorType((t.dims[0],), I64)
+
+
+def cache_kernel(
+    function: Function, op: Op, launch: Launch, name: str, tensors: dict[int, Value]
+) -> TileKernel:
+    """The kernel of ``op`` (``kvcache.append`` or ``kvcache.advance``); ``tensors`` are
+    the kernel parameters of the group's other operands (``k`` and ``v``), by value id."""
+    cache, _ = cache_param(function.body.ops, op.operands[0])
+    t = cache.type
+    assert isinstance(t, KVCacheType) and cache.name is not None
+    k_type, v_type, lengths_type = flat_types(t)
+    k_cache, v_cache, lengths = (
+        new_value(ty, n)
+        for ty, n in zip((k_type, v_type, lengths_type), flat_names(cache.name), strict=True)
+    )
+    if op.kind == "kvcache.advance":
+        grid = (GridAxis("pid_m", t.dims[0]),)
+        body = (Op("kv_advance", (lengths,), (), (("pid", "pid_m"), ("n", op.attr("n"))),
+                   ("write",), span=op.span),)  # fmt: skip
+        params: tuple[Value, ...] = (lengths,)
+    else:
+        k, v = (tensors[x.id] for x in op.operands[1:])
+        batch, heads, s_max, dim = t.dims
+        window = rolling_window(t)
+        grid = (GridAxis("pid_m", k.type.dims[2]), GridAxis("pid_b0", batch),
+                GridAxis("pid_b1", heads))  # fmt: skip
+        slot = new_value(INDEX, "slot")
+        ring = Dim.const(window) if window else s_max
+        where = (("batch", "pid_b0"), ("row", "pid_m"), ("ring", ring))
+        body_ops = [Op("kv_slot", (lengths,), (slot,), where, span=op.span)]
+        row = TileType((_ONE, dim), t.dtype)
+        for new, stored in ((k, k_cache), (v, v_cache)):
+            read = new_value(row, f"{new.name}_row")
+            body_ops.append(Op("load", (new,), (read,), (("at", _rows(new, Dim.sym("pid_m"))),),
+                               span=op.span))  # fmt: skip
+            at = _rows(stored, Dim.sym(slot.name))
+            body_ops.append(
+                Op("store", (stored, read), (), (("at", at),), ("write",), span=op.span)
+            )
+        body = tuple(body_ops)
+        params = (k_cache, v_cache, lengths, k, v)
+    return TileKernel(
+        name, function.name, launch.name, "state", _TEMPLATES[op.kind], params, grid,
+        (("T.m", 1),), launch.threads, launch.warps, 1, launch.vector, "none",
+        Block((), body), span=op.span,
+    )  # fmt: skip
+
+
+_TEMPLATES = {"kvcache.append": "kvcache_append", "kvcache.advance": "kvcache_advance"}
+
+
+def _rows(tensor: Value, row: Dim) -> Access:
+    """One row of ``[B, H, rows, D]``: batch row ``pid_b0``, head ``pid_b1``, ``row``, and
+    every column."""
+    dims = tensor.type.dims
+    return Access((
+        Axis(Dim.sym("pid_b0"), _ONE, dims[0], index=True),
+        Axis(Dim.sym("pid_b1"), _ONE, dims[1], index=True),
+        Axis(row, _ONE, dims[2]),
+        Axis(_ZERO, dims[3], dims[3]),
+    ))  # fmt: skip
