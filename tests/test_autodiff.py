@@ -140,10 +140,6 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         (("q", "BMD"), ("k", "BND"), ("v", "BND")),
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
     ),
-    "causal_attention": (
-        (("q", "BMD"), ("k", "BND"), ("v", "BND")),
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
-    ),
     "grouped_attention": (
         (("q", "14ND"), ("k", "12ND"), ("v", "12ND")),
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
@@ -168,6 +164,11 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
     "mlp_loss": (
         (("x", "RD"), ("w1", "DH"), ("b1", "H"), ("w2", "HC"), ("target", "RC")),
         lambda x, w1, b1, w2, t: -(t * F.log_softmax(_mlp(x, w1, b1, w2), -1)).sum() / 7,
+    ),
+    "shapes": (
+        (("x", "RC"), ("b", "C")),
+        lambda x, b: (x.unsqueeze(1).flatten(1) * b.broadcast_to(x.shape)).unsqueeze(0).squeeze(0)
+        + b.expand(x.shape[0], -1) * x,
     ),
 }
 
@@ -402,6 +403,11 @@ COMPOSITE = {
     "div", "cast", "sqrt"),
     "argmax": ("index_along", "max", "neg", "where", "add", "sub", "cast", "reshape"),
     "argmin": ("index_along", "max", "neg", "where", "add", "sub", "cast", "reshape"),
+    "squeeze": ("reshape",), "unsqueeze": ("expand_dims",), "expand_dims": ("expand_dims",),
+    "flatten": ("reshape",), "broadcast_to": ("index_along", "equal", "where", "logical_and"),
+    "expand": ("index_along", "equal", "where", "logical_and"),
+    "zeros": ("index_along", "reshape", "cast"), "ones": ("index_along", "add", "cast"),
+    "full": ("index_along", "add", "cast"), "arange": ("index_along", "mul", "add", "cast"),
 }  # fmt: skip
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.

@@ -18,6 +18,7 @@ from ..frontend import ast
 from ..frontend.diagnostics import Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
+from .array_ops import MASK_READERS
 from .custom_rules import CheckpointRef, checkpoint_ref, checkpointed
 from .differentiate import grad_ref, gradient_of
 from .dims import Dim, DimSyntaxError, parse_dim
@@ -73,8 +74,10 @@ BUILTINS = (
     "float", "int", "range", "dict", "Schedule", "device", "prefetch", "grad", "value_and_grad",
     "checkpoint",
 )  # fmt: skip
-#: The ops that read a mask: ``where`` its ``cond``, and ``cast``.
-_READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values()})
+#: The ops that read a mask: ``where`` its ``cond``, ``cast``, the ops of masks, ``any``
+#: and ``all``, and the views and broadcasts of ``array_ops``.
+_READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values(),
+                         *MASK_READERS})  # fmt: skip
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod",
           "**": "pow"}  # fmt: skip
 #: Graph ops that are methods of a tensor too, as in NumPy and PyTorch: ``x.sum(axis=0)``
@@ -86,7 +89,8 @@ _METHODS = (
     "sin", "cos", "clamp", "pow", "sum", "max", "min", "mean", "softmax", "softmax_safe",
     "log_softmax", "logsumexp_safe", "floor", "ceil", "exp2", "log2", "log1p", "expm1", "erf",
     "tan", "clip", "square", "reciprocal", "sign", "isnan", "isinf", "isfinite", "logsumexp",
-    "var", "std", "argmax", "argmin",
+    "var", "std", "argmax", "argmin", "squeeze", "unsqueeze", "flatten", "broadcast_to", "expand",
+    "tril", "triu", "any", "all",
 )  # fmt: skip
 
 
@@ -98,8 +102,6 @@ _AXIS_METHODS = {"transpose": "transpose()", "permute": "permute()"}
 #: What to write instead of a tensor method that PyTorch or NumPy code has and a
 #: tensor here does not: each one's hint in the error.
 _METHOD_HINTS = {
-    "unsqueeze": "x[:, None], with None where the new axis goes",
-    "flatten": "x.reshape(-1)",
     "float": "x.to(f32)",
     "half": "x.to(f16)",
     "bfloat16": "x.to(bf16)",
@@ -230,6 +232,8 @@ class Evaluator:
                 values.append(v.dim)
             elif isinstance(v, Value) and isinstance(node, ast.TupleExpr):
                 return tuple(i.value for i in items)
+            elif isinstance(v, Value) and all(isinstance(i.value, Value) for i in items):
+                return [i.value for i in items]  # [a, b], which concat and stack take
             else:
                 raise SemanticError(
                     f"a list or tuple here holds constants and sizes, not {describe(v)}", item.span
@@ -771,9 +775,12 @@ class Evaluator:
         one_dim = len(node.args) == 1 and not isinstance(
             node.args[0], (ast.TupleExpr, ast.ListExpr, ast.Name)
         )
-        if method and callee.value.name == "reshape" and (len(node.args) > 1 or one_dim):
+        if method and (
+            (callee.value.name == "reshape" and (len(node.args) > 1 or one_dim))
+            or (callee.value.name == "expand" and len(node.args) > 1)
+        ):
             # x.reshape(S, H, D), as in PyTorch, is x.reshape((S, H, D)); x.reshape("N")
-            # is x.reshape(("N",))
+            # is x.reshape(("N",)); x.expand(4, -1) is x.expand((4, -1))
             dims = ast.TupleExpr(tuple(node.args), span=node.args[0].span.to(node.args[-1].span))
             node = dataclasses.replace(node, args=(dims,))
         args = [self.operand(a) for a in node.args]

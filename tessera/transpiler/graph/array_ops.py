@@ -1,0 +1,400 @@
+"""NumPy's and PyTorch's array vocabulary: shapes, creation, joining, triangles, truth.
+
+``squeeze``, ``unsqueeze`` (``expand_dims``), ``flatten``, ``broadcast_to`` (``expand``),
+``zeros``, ``ones``, ``full``, ``arange``, ``concat`` (``concatenate``, ``cat``),
+``stack``, ``tril``, ``triu``, ``any`` and ``all``. Each is a composition: its rule
+checks the call, then emits graph ops that exist (views, ``where``, the library's
+``pad``) through their own rules, so that every backend, fusion and autodiff get it
+with no kernel of its own. The one op added for them is an ``index_along`` with no
+operand: the index of each element of a result of a given shape, which ``arange``, the
+fills and the triangles are made of.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .dims import Dim, DimSyntaxError, parse_dim
+from .dtypes import F32, I32, DType
+from .graph_ops import _then, is_mask, register
+from .ir import Value
+from .opcall import OpCall, P
+from .types import ScalarType, TensorType, dims_text
+from .values import Const, DimValue, ShapeValue, describe
+
+__all__ = ["indices_of", "shape_argument", "MASK_READERS"]
+
+_ONE = Dim.const(1)
+
+#: The ops here that take a mask as well as a tensor: views, broadcasts and ``any``/``all``.
+MASK_READERS = frozenset({
+    "squeeze", "unsqueeze", "expand_dims", "flatten", "broadcast_to", "expand", "any", "all",
+})  # fmt: skip
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _axis_argument(call: OpCall, rank: int, default: Any = None) -> Any:
+    """The call's ``axis``, or PyTorch's ``dim`` for it: an integer in ``[-rank, rank)``
+    (``rank`` counts the result's axes where a new one is made), a tuple of them, or
+    ``default`` where neither is given."""
+    given = [n for n in ("axis", "dim") if call.given(n) and call.raw(n) != Const(None)]
+    if len(given) == 2:
+        raise call.error("give 'axis' or 'dim' (its PyTorch name), not both", at="dim")
+    if not given:
+        return default
+    name = given[0]
+    value = call.raw(name).value if isinstance(call.raw(name), Const) else None
+    axes = value if isinstance(value, (tuple, list)) else (value,)
+    for a in axes:
+        if not isinstance(a, int) or isinstance(a, bool):
+            raise call.error(
+                f"'{name}' must be an integer or a tuple of them, not {describe(call.raw(name))}",
+                at=name,
+            )
+        if not -rank <= a < rank:
+            raise call.error(f"axis {a} is out of range for a rank-{rank} result", at=name)
+    picked = tuple(a % rank for a in axes)
+    if len(set(picked)) != len(picked):
+        raise call.error(f"axes {tuple(axes)} name an axis twice", at=name)
+    return picked if isinstance(value, (tuple, list)) else picked[0]
+
+
+def _reshaped(call: OpCall, x: Value, dims: tuple[Dim, ...]) -> Value:
+    """``x`` viewed with ``dims`` (the same elements): ``x`` itself where they are its own."""
+    if tuple(dims) == tuple(x.type.dims):
+        return x
+    return call.emit("reshape", (x,), TensorType(tuple(dims), x.type.dtype),
+                     attrs=(("shape", tuple(dims)),))  # fmt: skip
+
+
+def shape_argument(call: OpCall, name: str, keep: bool = False) -> tuple[Dim | None, ...]:
+    """A shape: an integer or a size (``N``, ``x.shape[0]``, an ``int`` parameter), or a
+    tuple or list of them and of dim strings (``"B*S"``), or ``x.shape``. With ``keep``
+    (``broadcast_to``, ``expand``), -1 stands for "the operand's size", as None."""
+    value = call.raw(name)
+    if isinstance(value, ShapeValue):
+        return value.dims
+    if isinstance(value, Const) and type(value.value) is int:
+        items: Any = (value.value,)
+    elif isinstance(value, DimValue) or (
+        isinstance(value, Value) and value.type == ScalarType("int")
+    ):
+        items = (call.dim(name),)
+    elif isinstance(value, Const) and isinstance(value.value, (tuple, list)):
+        items = value.value
+    else:
+        raise call.error(
+            f"'{name}' must be a shape: a size, or a tuple of sizes, not {describe(value)}",
+            at=name,
+        )
+    dims: list[Dim | None] = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str, Dim)):
+            raise call.error(f"'{name}' holds {item!r}, which is not a size", at=name)
+        if keep and isinstance(item, int) and item == -1:
+            dims.append(None)
+            continue
+        if isinstance(item, int):
+            dim = Dim.const(item)
+        elif isinstance(item, str):
+            try:
+                dim = parse_dim(item).substitute(call.emitter.defines)
+            except DimSyntaxError as exc:
+                raise call.error(f'bad dim "{item}": {exc.message}', at=name) from None
+            unknown = sorted(dim.symbols() - set(call.emitter.dims))
+            if unknown:
+                raise call.error(
+                    f'"{item}" names {", ".join(unknown)}, which no parameter has as a size',
+                    at=name,
+                )
+        else:
+            dim = item
+        if dim.constant is not None and dim.constant < (0 if not keep else 1):
+            raise call.error(f"sizes are not negative, not {dim.constant}", at=name)
+        if not dim.is_integral:
+            raise call.error(f"the size {dim} is not a whole number", at=name)
+        dims.append(dim)
+    return tuple(dims)
+
+
+def indices_of(call: OpCall, dims: tuple[Dim, ...], axis: int) -> Value:
+    """Each element's index along ``axis`` of a tensor of ``dims``, as f32 (exact below
+    2**24): ``index_along`` of no operand, computed from the element's row-major place."""
+    stride = math.prod(dims[axis + 1 :], start=_ONE)
+    return call.emit("index_along", (), TensorType(tuple(dims), F32),
+                     attrs=(("stride", stride), ("size", dims[axis])))  # fmt: skip
+
+
+def _zeros(call: OpCall, dims: tuple[Dim, ...]) -> Value:
+    """f32 zeros of ``dims``: each element's index along an axis of one (a rank-0 result
+    is the index of a 1-element vector, viewed without its axis)."""
+    if not dims:
+        return _reshaped(call, _zeros(call, (_ONE,)), ())
+    return call.emit("index_along", (), TensorType(tuple(dims), F32),
+                     attrs=(("stride", _ONE), ("size", _ONE)))  # fmt: skip
+
+
+def _as_dtype(call: OpCall, x: Value, dtype: DType) -> Value:
+    return x if x.type.dtype == dtype else _then(call, "cast", x, dtype)
+
+
+def _everywhere(call: OpCall, dims: tuple[Dim, ...]) -> Value:
+    """A mask of ``dims`` true everywhere: the broadcast that ``where`` makes of its
+    operands."""
+    return _then(call, "equal", _zeros(call, dims), 0.0)
+
+
+# -------------------------------------------------------------------- shapes
+
+
+@register("squeeze", P("x"), P("axis", None), P("dim", None, keyword_only=True))
+def _squeeze(call: OpCall) -> object:
+    """``x`` without axes of size 1, as numpy's ``squeeze``: ``axis`` (an integer or a
+    tuple; ``dim`` is PyTorch's name for it) names them, each of which must be of size 1
+    (an error otherwise, as in numpy; PyTorch leaves such an axis alone); without it,
+    every axis whose size is 1 at compile time goes. A view: no copy. Also a method,
+    ``x.squeeze(1)``."""
+    x = call.tensor("x")
+    rank, dims = x.type.rank, x.type.dims
+    axis = _axis_argument(call, max(rank, 1))
+    if axis is None:
+        dropped = {a for a, d in enumerate(dims) if d == _ONE}
+    else:
+        dropped = set(axis) if isinstance(axis, tuple) else {axis}
+        if rank == 0:  # numpy's: axis 0 or -1 of a 0-d array is no axis to drop
+            return x
+        for a in sorted(dropped):
+            if dims[a] != _ONE:
+                where = "axis" if call.given("axis") else "dim"
+                raise call.error(
+                    f"can only drop axes of size 1; axis {a} of {call.shape_of('x')} is "
+                    f"{dims[a]}",
+                    at=where,
+                )
+    return _reshaped(call, x, tuple(d for a, d in enumerate(dims) if a not in dropped))
+
+
+def _unsqueeze(name: str, extra: str) -> Any:
+    """``unsqueeze`` (PyTorch's) or ``expand_dims`` (numpy's): new axes of size 1, each at
+    its place in the result."""
+
+    def rule(call: OpCall) -> object:
+        x = call.tensor("x")
+        if not call.given("axis") and not call.given("dim"):
+            raise call.error(f"needs the new axis: {name}(x, 0), {name}(x, -1)")
+        given = call.raw("axis" if call.given("axis") else "dim")
+        added = len(given.value) if isinstance(given, Const) and isinstance(
+            given.value, (tuple, list)) else 1  # fmt: skip
+        picked = _axis_argument(call, x.type.rank + added)
+        axes = tuple(sorted(picked)) if isinstance(picked, tuple) else (picked,)
+        dims = list(x.type.dims)
+        for a in axes:
+            dims.insert(a, _ONE)
+        return call.emit("expand_dims", (x,), TensorType(tuple(dims), x.type.dtype),
+                         attrs=(("axes", axes),))  # fmt: skip
+
+    rule.__doc__ = (
+        "``x`` with a new axis of size 1 at ``axis`` (``dim`` is PyTorch's name for it), "
+        f"counted in the result: ``{name}(x, 0)`` of ``[N]`` is ``[1, N]``, ``{name}(x, -1)`` "
+        f"is ``[N, 1]``, as ``x[None, :]`` and ``x[:, None]`` are. {extra}A view: no copy. "
+        f"Also a method, ``x.{name}(1)``."
+    )
+    return rule
+
+
+register("unsqueeze", P("x"), P("axis", None), P("dim", None, keyword_only=True))(
+    _unsqueeze("unsqueeze", "PyTorch's name. ")
+)
+register("expand_dims", P("x"), P("axis", None), P("dim", None, keyword_only=True))(
+    _unsqueeze(
+        "expand_dims", "numpy's name; a tuple of axes adds each, at its place in the result. "
+    )
+)
+
+
+@register("flatten", P("x"), P("start_dim", 0), P("end_dim", -1))
+def _flatten(call: OpCall) -> object:
+    """The axes ``start_dim`` to ``end_dim`` (both included; negative counts from the end)
+    merged into one, as PyTorch's ``flatten``: ``flatten(x)`` of ``[B, S, C]`` is
+    ``[B*S*C]``, ``x.flatten(1)`` is ``[B, S*C]``, and a 0-d tensor becomes ``[1]``. A
+    view: no copy. Also a method, as numpy's ``x.flatten()``."""
+    x = call.tensor("x")
+    rank, dims = x.type.rank, x.type.dims
+    if rank == 0:
+        return _reshaped(call, x, (_ONE,))
+    bounds = []
+    for name in ("start_dim", "end_dim"):
+        value = call.const(name, int)
+        if not -rank <= value < rank:
+            raise call.error(f"{name} {value} is out of range for {call.shape_of('x')}", at=name)
+        bounds.append(value % rank)
+    start, end = bounds
+    if start > end:
+        raise call.error(f"start_dim {start} comes after end_dim {end}", at="start_dim")
+    merged = math.prod(dims[start : end + 1], start=_ONE)
+    return _reshaped(call, x, (*dims[:start], merged, *dims[end + 1 :]))
+
+
+def _broadcast(call: OpCall, x: Value, name: str) -> Value:
+    """``x`` broadcast to the shape the call's ``name`` gives, numpy's rules with
+    PyTorch's -1 (the operand's size)."""
+    given = shape_argument(call, name, keep=True)
+    rank, dims = x.type.rank, x.type.dims
+    if len(given) < rank:
+        raise call.error(
+            f"cannot broadcast {call.shape_of('x')} to {len(given)} dims: fewer than its "
+            f"{rank}",
+            at=name,
+        )
+    lead = len(given) - rank
+    out: list[Dim] = []
+    for i, want in enumerate(given):
+        have = dims[i - lead] if i >= lead else None
+        if want is None:
+            if have is None:
+                raise call.error(f"-1 keeps a size of x, but axis {i} is a new one", at=name)
+            want = have
+        if have is not None and have not in (_ONE, want):
+            call.same_dim(
+                have, want,
+                lambda: f"cannot broadcast {call.shape_of('x')} to "
+                f"{dims_text(tuple(d if d is not None else Dim.sym('-1') for d in given))}: "
+                "only an axis of size 1 stretches",
+                f"broadcast_to size {have} == {want}", ("x",),
+            )  # fmt: skip
+        out.append(want)
+    if tuple(out) == tuple(dims):
+        return x
+    everywhere = _everywhere(call, tuple(out))
+    if is_mask(x):
+        return _then(call, "logical_and", everywhere, x)
+    return _then(call, "where", everywhere, x, x)
+
+
+@register("broadcast_to", P("x"), P("shape"))
+def _broadcast_to(call: OpCall) -> object:
+    """``x`` repeated along axes of size 1 (and new leading axes) to ``shape``, numpy's
+    broadcasting rules, as numpy's and PyTorch's ``broadcast_to``: ``broadcast_to(b, ("N",
+    "C"))`` of ``b [C]``. ``shape`` is a tuple of sizes (numbers, dims such as ``"N"`` or
+    ``x.shape``); -1 keeps x's size there (PyTorch's). Any dtype, masks too; a gradient
+    sums back over the repeated axes. Computed where it is read, as broadcasting
+    operands are."""
+    return _broadcast(call, call.tensor("x"), "shape")
+
+
+@register("expand", P("x"), P("sizes"))
+def _expand(call: OpCall) -> object:
+    """PyTorch's ``x.expand(*sizes)``: ``broadcast_to(x, sizes)``, a size -1 keeping x's
+    size there: ``x.expand(4, -1)`` of ``[1, C]`` is ``[4, C]``. The sizes are one tuple
+    or one argument each."""
+    return _broadcast(call, call.tensor("x"), "sizes")
+
+
+# -------------------------------------------------------------------- creation
+
+
+def _created_dtype(call: OpCall, default: DType) -> DType:
+    return (
+        call.dtype("dtype") if call.given("dtype") and call.raw("dtype") != Const(None) else default
+    )
+
+
+def _filled(call: OpCall, value: Any, dtype: DType) -> Value:
+    """A tensor of the call's ``shape`` holding ``value``, of ``dtype``."""
+    dims = shape_argument(call, "shape")
+    zeros = _as_dtype(call, _zeros(call, dims), dtype)  # type: ignore[arg-type]
+    filled = zeros if value == Const(0.0) else _then(call, "add", zeros, value)
+    return _as_dtype(call, filled, dtype)
+
+
+def _fill(number: float) -> Any:
+    def rule(call: OpCall) -> object:
+        return _filled(call, Const(number), _created_dtype(call, F32))
+
+    name = "zeros" if number == 0.0 else "ones"
+    rule.__doc__ = (
+        f"A tensor of ``shape`` holding {name}, as numpy's and PyTorch's ``{name}``: "
+        f'``{name}(("N", 4))``, ``{name}(x.shape)``, ``{name}(N)`` (a size, a number or '
+        'a tuple of them and of dims such as ``"B*S"``); of ``dtype``, f32 by default. '
+        "Computed where it is read: no memory is filled unless it is returned."
+    )
+    return rule
+
+
+register("zeros", P("shape"), P("dtype", None))(_fill(0.0))
+register("ones", P("shape"), P("dtype", None))(_fill(1.0))
+
+
+@register("full", P("shape"), P("fill_value"), P("dtype", None))
+def _full(call: OpCall) -> object:
+    """A tensor of ``shape`` holding ``fill_value`` (a number, or a float or int
+    parameter), as numpy's and PyTorch's ``full``; of ``dtype``, by default i32 for an
+    integer value and f32 for a float one (Tessera's integers are i32, where numpy's and
+    PyTorch's default is int64)."""
+    value = call.raw("fill_value")
+    if isinstance(value, Value) and value.type in (ScalarType("float"), ScalarType("int")):
+        default = F32 if value.type == ScalarType("float") else I32
+    elif isinstance(value, Const) and type(value.value) in (int, float):
+        default = F32 if isinstance(value.value, float) else I32
+    else:
+        raise call.error(
+            f"'fill_value' must be a number or a scalar parameter, not {describe(value)}",
+            at="fill_value",
+        )
+    return _filled(call, call.ev("fill_value"), _created_dtype(call, default))
+
+
+@register("arange", P("start"), P("stop", None), P("step", 1), P("dtype", None))
+def _arange(call: OpCall) -> object:
+    """The numbers ``start, start + step, ...`` below ``stop`` (above it for a negative
+    step), as numpy's and PyTorch's ``arange``: ``arange(stop)`` starts at 0. The bounds
+    are numbers or sizes (``arange(N)``, ``arange(1, x.shape[0])``); a size needs a step
+    of 1. The dtype is i32 where every bound is an integer (numpy's and PyTorch's int64,
+    in Tessera's integer), f32 where one is a float, or ``dtype``. Values are exact up to
+    2**24. Computed where it is read (each element's index), so ``arange(C) < k`` costs
+    no memory."""
+    integer = True
+
+    def bound(name: str) -> int | float | Dim:
+        nonlocal integer
+        value = call.raw(name)
+        if isinstance(value, DimValue):
+            return value.dim
+        if isinstance(value, Const) and type(value.value) in (int, float):
+            integer = integer and isinstance(value.value, int)
+            return value.value
+        raise call.error(f"'{name}' must be a number or a size, not {describe(value)}", at=name)
+
+    if call.raw("stop") == Const(None):
+        bounds = {"start": 0, "stop": bound("start"), "step": bound("step")}
+    else:
+        bounds = {"start": bound("start"), "stop": bound("stop"), "step": bound("step")}
+    start, stop, step = bounds["start"], bounds["stop"], bounds["step"]
+    if isinstance(step, Dim) or step == 0:
+        raise call.error(f"'step' must be a nonzero number, not {step}", at="step")
+    if isinstance(start, Dim) or isinstance(stop, Dim):
+        if step != 1 or isinstance(start, float) or isinstance(stop, float):
+            raise call.error("a size as a bound needs integer bounds and a step of 1", at="step")
+        start_dim = start if isinstance(start, Dim) else Dim.const(start)
+        stop_dim = stop if isinstance(stop, Dim) else Dim.const(stop)
+        count = stop_dim - start_dim
+        if count.constant is not None and count.constant < 0:
+            count = Dim.const(0)
+        elif count.constant is None and any(c < 0 for _, c in count.terms):
+            call.emitter.guard("at_most", start_dim, stop_dim,
+                               f"{call.shown}: start <= stop", call.span)  # fmt: skip
+    else:
+        count = Dim.const(max(0, math.ceil((stop - start) / step)))
+    values = indices_of(call, (count,), 0)
+    if step != 1:
+        values = _then(call, "mul", values, float(step))
+    if start != 0:
+        offset = start if not isinstance(start, Dim) else call.emit(
+            "dim_to_float", (), ScalarType("float"), attrs=(("dim", start),)
+        )  # fmt: skip
+        values = _then(call, "add", values, float(offset) if not isinstance(offset, Value)
+                       else offset)  # fmt: skip
+    return _as_dtype(call, values, _created_dtype(call, I32 if integer else F32))

@@ -1,0 +1,216 @@
+"""NumPy's and PyTorch's array vocabulary (``squeeze``, ``unsqueeze``, ``flatten``,
+``broadcast_to``, ``zeros``, ``arange``, ``concat``, ``stack``, ``tril``, ``any``...), on
+every target against numpy in float64.
+
+One source holds a function per case; each target builds it once. Sizes are ragged
+(37 x 203, no multiple of any tile); outputs are poisoned first (NaN, or a large number
+for integer results) so that an element never written shows. The gradients of the
+differentiable ones are in ``test_autodiff.py`` (cases ``shapes``, ``joins`` and
+``triangles``), against PyTorch and finite differences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.transpiler.tile.interpret import run_function
+
+from .everywhere import every_target_beyond, load_everywhere
+from .test_autodiff import assert_one_error
+
+R, C = 37, 203
+
+#: Each case: its parameters (``name: Tensor[...]``), its result type, its body, the
+#: same in numpy of float64 inputs, and each input's shape.
+Case = tuple[str, str, str, Callable[..., Any], tuple[tuple[int, ...], ...]]
+CASES: dict[str, Case] = {
+    "squeeze_all": ('x: Tensor["R", 1, "C", 1, f32]', '"R", "C", f32', "x.squeeze()",
+                    lambda x: x.squeeze(), ((R, 1, C, 1),)),
+    "squeeze_axes": ('x: Tensor["R", 1, "C", 1, f32]', '"R", "C", 1, f32',
+                     "squeeze(x, 1) + x.squeeze(dim=3).squeeze(1)[:, :, None] * 0.0",
+                     lambda x: np.squeeze(x, 1), ((R, 1, C, 1),)),
+    "unsqueeze": ('x: Tensor["R", "C", f32]', '"R", "C", 1, f32', "x.unsqueeze(-1)",
+                  lambda x: x[:, :, None], ((R, C),)),
+    "expand_dims": ('x: Tensor["R", "C", f32]', '1, "R", 1, "C", f32',
+                    "expand_dims(x, (0, 2))", lambda x: np.expand_dims(x, (0, 2)), ((R, C),)),
+    "unsqueeze_middle": ('x: Tensor["R", "C", f32]', '"R", 1, "C", f32',
+                         "unsqueeze(x, dim=1) * 2.0", lambda x: x[:, None] * 2, ((R, C),)),
+    "flatten": ('x: Tensor["R", 3, "C", f32]', '"R*3*C", f32', "flatten(x)",
+                lambda x: x.flatten(), ((R, 3, C),)),
+    "flatten_tail": ('x: Tensor["R", 3, "C", f32]', '"R", "3*C", f32', "x.flatten(1) + 1.0",
+                     lambda x: x.reshape(R, -1) + 1, ((R, 3, C),)),
+    "flatten_middle": ('x: Tensor[2, "R", 3, "C", f32]', '2, "R*3", "C", f32',
+                       "x.flatten(start_dim=1, end_dim=-2)", lambda x: x.reshape(2, R * 3, C),
+                       ((2, R, 3, C),)),
+    "broadcast_to": ('x: Tensor["R", "C", f32], b: Tensor["C", f32]', '"R", "C", f32',
+                     "broadcast_to(b, x.shape)", lambda x, b: np.broadcast_to(b, x.shape),
+                     ((R, C), (C,))),
+    "broadcast_to_new_axis": ('x: Tensor["R", 1, f32], y: Tensor["C", f32]', '2, "R", "C", f32',
+                              'broadcast_to(x, (2, -1, "C")) * 3.0',
+                              lambda x, y: np.broadcast_to(x, (2, R, C)) * 3, ((R, 1), (C,))),
+    "expand": ('x: Tensor["R", "C", f32], b: Tensor[1, "C", f32]', '"R", "C", f32',
+               "b.expand(x.shape[0], -1) - x", lambda x, b: b - x, ((R, C), (1, C))),
+    "zeros_ones": ('x: Tensor["R", "C", f32]', '"R", "C", f32',
+                   'zeros(x.shape) + ones(("R", "C")) * 3.0 + x',
+                   lambda x: x + 3.0, ((R, C),)),
+    "full": ('x: Tensor["R", "C", f32]', '"R", "C", f32', "full(x.shape, -2.5)",
+             lambda x: np.full(x.shape, -2.5), ((R, C),)),
+    "full_int": ('x: Tensor["R", "C", f32]', '"R", 3, i32', 'full(("R", 3), 2**24 - 3)',
+                 lambda x: np.full((R, 3), 2**24 - 3, np.int32), ((R, C),)),
+    "zeros_int": ('x: Tensor["R", "C", f32]', '"C", i32', "zeros(x.shape[1], dtype=i32)",
+                  lambda x: np.zeros(C, np.int32), ((R, C),)),
+    "arange": ('x: Tensor["R", "C", f32]', '"C", i32', "arange(x.shape[1])",
+               lambda x: np.arange(C, dtype=np.int32), ((R, C),)),
+    "arange_start": ('x: Tensor["R", "C", f32]', '"C - 5", i32', "arange(5, x.shape[1])",
+                     lambda x: np.arange(5, C, dtype=np.int32), ((R, C),)),
+    "arange_float": ('x: Tensor["R", "C", f32]', "13, f32", "arange(0.5, 10.0, 0.75)",
+                     lambda x: np.arange(0.5, 10.0, 0.75), ((R, C),)),
+    "arange_down": ('x: Tensor["R", "C", f32]', "4, i32", "arange(10, 0, -3)",
+                    lambda x: np.arange(10, 0, -3, dtype=np.int32), ((R, C),)),
+    "arange_row": ('x: Tensor["R", "C", f32]', '"R", "C", f32',
+                   "where(arange(x.shape[1]) < 100, x, 0.0)",
+                   lambda x: np.where(np.arange(C) < 100, x, 0), ((R, C),)),
+}  # fmt: skip
+
+SOURCE = "\n".join(
+    f"def of_{name}({params}) -> Tensor[{result}]:\n    return {body}\n"
+    for name, (params, result, body, _, _) in CASES.items()
+)
+
+
+def _inputs(name: str) -> list[np.ndarray]:
+    """Normals with zeros among them (``any``/``all`` see a zero as false), and a row of
+    zeros when the input has rows of ``C``."""
+    rng = np.random.default_rng(list(CASES).index(name))
+    made = []
+    for shape in CASES[name][4]:
+        x = rng.standard_normal(shape) * 2.0
+        x[rng.random(shape) < 0.02] = 0.0
+        if name.startswith(("any", "all")):
+            x[3] = 0.0
+            x[5] = np.abs(x[5]) + 1.0
+        made.append(x.astype(np.float32))
+    return made
+
+
+def _expected(name: str) -> tuple[list[np.ndarray], np.ndarray]:
+    inputs = _inputs(name)
+    want = np.asarray(CASES[name][3](*(x.astype(np.float64) for x in inputs)))
+    return inputs, want
+
+
+def _check(have: np.ndarray, want: np.ndarray) -> None:
+    assert have.shape == want.shape
+    if np.issubdtype(want.dtype, np.integer):
+        np.testing.assert_array_equal(have, want)
+        return
+    written = ~np.isnan(want)
+    assert not np.isnan(have[written]).any(), "some outputs were never written"
+    np.testing.assert_allclose(have, want, rtol=1e-6, atol=0)
+
+
+#: The targets: the CPU, OpenCL and CUDA on the simulated GPU here, the rest exhaustive.
+TARGETS = [
+    pytest.param(p.values, marks=p.marks, id=p.id)
+    for p in every_target_beyond("cpu", "opencl", "sm_80")
+]
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def built(request: pytest.FixtureRequest) -> Any:
+    """Every case's function, built once for the target."""
+    target, arch = request.param
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield load_everywhere(SOURCE, target, arch, monkeypatch)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_op_matches_numpy(built: Any, name: str) -> None:
+    inputs, want = _expected(name)
+    integer = np.issubdtype(want.dtype, np.integer)
+    poison = np.full(want.shape, 12345 if integer else np.nan, np.int32 if integer else np.float32)
+    have = getattr(built, f"of_{name}")(*inputs, out=poison)
+    _check(np.asarray(have), want)
+
+
+#: The cases whose kernels the tile interpreter cannot run yet: reductions along the
+#: first axis or over every axis (``test_math_ops.INTERPRETER_LACKS``), kernels that read
+#: an input through a view of other dims (``squeeze``, ``flatten``), and the joins, whose
+#: library ``pad`` kernel reads its row as a view of the tensor joined.
+INTERPRETER_LACKS = frozenset({"all_columns", "any_every_axis"}) | {
+    n for n in CASES if n.startswith(("concat", "stack", "squeeze", "flatten"))
+}
+
+
+def test_the_tile_interpreter_computes_each_op() -> None:
+    """The reference semantics of the Tile IR (``tile/interpret.py``) on the CPU's
+    kernels, ``index_along`` of no operand (``arange``, the fills, the triangles)
+    among them."""
+    module = tessera.compile(SOURCE, "ops.tsr", target="cpu", until="tile").ir("tile")
+    for name in (n for n in CASES if n not in INTERPRETER_LACKS):
+        inputs, want = _expected(name)
+        params = [p.split(":")[0].strip() for p in CASES[name][0].split("],")]
+        out = run_function(module, f"of_{name}", dict(zip(params, inputs, strict=True)))["out"]
+        _check(np.asarray(out).reshape(want.shape), want)
+
+
+BAD = {
+    "squeeze of a size that is not 1": (
+        "def f(x: Tensor[4, 3, f32]) -> Tensor[4, f32]:\n    return squeeze(x, 1)\n",
+        2, "squeeze: can only drop axes of size 1; axis 1 of x is [4, 3] is 3",
+    ),
+    "squeeze of a symbolic size": (
+        "def f(x: Tensor['N', 'C', f32]) -> Tensor['N', f32]:\n    return x.squeeze(-1)\n",
+        2, "can only drop axes of size 1; axis 1 of x is [N, C] is C",
+    ),
+    "unsqueeze out of range": (
+        "def f(x: Tensor['N', f32]) -> Tensor['N', 1, f32]:\n    return x.unsqueeze(2)\n",
+        2, "unsqueeze: axis 2 is out of range for a rank-2 result",
+    ),
+    "unsqueeze without an axis": (
+        "def f(x: Tensor['N', f32]) -> Tensor['N', 1, f32]:\n    return unsqueeze(x)\n",
+        2, "unsqueeze: needs the new axis: unsqueeze(x, 0)",
+    ),
+    "axis and dim": (
+        "def f(x: Tensor['N', f32]) -> Tensor['N', 1, f32]:\n    return unsqueeze(x, 1, dim=1)\n",
+        2, "give 'axis' or 'dim' (its PyTorch name), not both",
+    ),
+    "flatten bounds": (
+        "def f(x: Tensor['N', 3, f32]) -> Tensor['N', 3, f32]:\n    return flatten(x, 1, 0)\n",
+        2, "flatten: start_dim 1 comes after end_dim 0",
+    ),
+    "broadcast of a size that is not 1": (
+        "def f(x: Tensor[3, f32]) -> Tensor[2, 4, f32]:\n    return broadcast_to(x, (2, 4))\n",
+        2, "broadcast_to: cannot broadcast x is [3] to [2, 4]: only an axis of size 1",
+    ),
+    "broadcast to fewer dims": (
+        "def f(x: Tensor[2, 3, f32]) -> Tensor[3, f32]:\n    return broadcast_to(x, (3,))\n",
+        2, "cannot broadcast x is [2, 3] to 1 dims: fewer than its 2",
+    ),
+    "zeros of a tensor": (
+        "def f(x: Tensor[2, 3, f32]) -> Tensor[2, 3, f32]:\n    return zeros(x)\n",
+        2, "zeros: 'shape' must be a shape: a size, or a tuple of sizes",
+    ),
+    "a size no parameter has": (
+        "def f(x: Tensor['N', f32]) -> Tensor['N', 'Q', f32]:\n    return zeros(('N', 'Q'))\n",
+        2, "zeros: \"Q\" names Q, which no parameter has as a size",
+    ),
+    "arange of a float size step": (
+        "def f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return arange(0, x.shape[0], 2)\n",
+        2, "arange: a size as a bound needs integer bounds and a step of 1",
+    ),
+    "arange step zero": (
+        "def f(x: Tensor['N', f32]) -> Tensor[3, f32]:\n    return arange(0, 3, 0)\n",
+        2, "arange: 'step' must be a nonzero number, not 0",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_an_error_at_its_line(case: str) -> None:
+    assert_one_error(*BAD[case])
