@@ -75,6 +75,28 @@ CASES: dict[str, Case] = {
     "arange_row": ('x: Tensor["R", "C", f32]', '"R", "C", f32',
                    "where(arange(x.shape[1]) < 100, x, 0.0)",
                    lambda x: np.where(np.arange(C) < 100, x, 0), ((R, C),)),
+    "concat_last": ('a: Tensor["R", 3, f32], b: Tensor["R", "C", f32]', '"R", "C+3", f32',
+                    "concat([a, b], axis=-1)", lambda a, b: np.concatenate([a, b], -1),
+                    ((R, 3), (R, C))),
+    "concat_first": ('a: Tensor["R", "C", f32], b: Tensor[5, "C", f32]', '"R+5", "C", f32',
+                     "cat((a, b))", lambda a, b: np.concatenate([a, b]), ((R, C), (5, C))),
+    "concat_middle": ('a: Tensor["R", 2, "C", f32], b: Tensor["R", 3, "C", f32]',
+                      '"R", 7, "C", f32', "concatenate([a, b, a], dim=1)",
+                      lambda a, b: np.concatenate([a, b, a], 1), ((R, 2, C), (R, 3, C))),
+    "concat_ints": ('a: Tensor["R", "C", f32], b: Tensor[5, "C", f32]', '"R+5", "C", i32',
+                    "concat([cast(a * 1000.0, i32), cast(b * 1000.0, i32)], dim=0)",
+                    lambda a, b: (np.concatenate([a, b]).astype(np.float32)
+                                  * np.float32(1000)).astype(np.int32),
+                    ((R, C), (5, C))),
+    "concat_masks": ('a: Tensor["R", "C", f32], b: Tensor[5, "C", f32]', '"R+5", "C", f32',
+                     "cast(concat([a > 0.0, b < 0.5]), f32)",
+                     lambda a, b: np.concatenate([a > 0, b < 0.5]).astype(np.float64),
+                     ((R, C), (5, C))),
+    "stack": ('a: Tensor["R", "C", f32], b: Tensor["R", "C", f32]', '"R", "C", 2, f32',
+              "stack([a, b], axis=-1)", lambda a, b: np.stack([a, b], -1), ((R, C), (R, C))),
+    "stack_first": ('a: Tensor["R", "C", f32], b: Tensor["R", "C", f32]', '3, "R", "C", f32',
+                    "stack((a, b, a * 2.0))", lambda a, b: np.stack([a, b, a * 2]),
+                    ((R, C), (R, C))),
 }  # fmt: skip
 
 SOURCE = "\n".join(
@@ -207,6 +229,29 @@ BAD = {
     "arange step zero": (
         "def f(x: Tensor['N', f32]) -> Tensor[3, f32]:\n    return arange(0, 3, 0)\n",
         2, "arange: 'step' must be a nonzero number, not 0",
+    ),
+    "concat shapes": (
+        "def f(a: Tensor[4, 3, f32], b: Tensor[5, 2, f32]) -> Tensor[9, 3, f32]:\n"
+        "    return concat([a, b])\n",
+        2, "concat: the tensors' sizes differ off the joined axis 0: [4, 3], [5, 2]",
+    ),
+    "concat ranks": (
+        "def f(a: Tensor[4, 3, f32], b: Tensor[3, f32]) -> Tensor[5, 3, f32]:\n"
+        "    return cat((a, b))\n",
+        2, "cat: the tensors must have one rank: [4, 3], [3]",
+    ),
+    "concat of a tensor": (
+        "def f(a: Tensor[4, 3, f32]) -> Tensor[4, 3, f32]:\n    return concat(a)\n",
+        2, "concat: 'tensors' must be a list or tuple of tensors, such as [a, b]",
+    ),
+    "concat axis": (
+        "def f(a: Tensor[4, 3, f32]) -> Tensor[4, 6, f32]:\n    return concat([a, a], axis=2)\n",
+        2, "concat: axis 2 is out of range for a rank-2 result",
+    ),
+    "stack shapes": (
+        "def f(a: Tensor[4, 3, f32], b: Tensor[4, 2, f32]) -> Tensor[2, 4, 3, f32]:\n"
+        "    return stack([a, b])\n",
+        2, "stack: the tensors' sizes differ off the joined axis 0",
     ),
 }  # fmt: skip
 

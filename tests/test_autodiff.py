@@ -170,6 +170,13 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         lambda x, b: (x.unsqueeze(1).flatten(1) * b.broadcast_to(x.shape)).unsqueeze(0).squeeze(0)
         + b.expand(x.shape[0], -1) * x,
     ),
+    "joins": (
+        (("x", "RC"), ("y", "R3"), ("z", "2C")),
+        lambda x, y, z: (
+            torch.cat([x * x, y], -1),
+            torch.stack([torch.cat((x, z)), torch.cat((z * 2, x))]),
+        ),
+    ),
 }
 
 #: The parameters each ``F_vjp`` differentiates, where not every float tensor.
@@ -408,6 +415,8 @@ COMPOSITE = {
     "expand": ("index_along", "equal", "where", "logical_and"),
     "zeros": ("index_along", "reshape", "cast"), "ones": ("index_along", "add", "cast"),
     "full": ("index_along", "add", "cast"), "arange": ("index_along", "mul", "add", "cast"),
+    **{join: ("index_along", "cast", "reshape", "pad", "add", "not_equal", "expand_dims")
+       for join in ("concat", "concatenate", "cat", "stack")},
 }  # fmt: skip
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.

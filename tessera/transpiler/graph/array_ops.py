@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from .dims import Dim, DimSyntaxError, parse_dim
-from .dtypes import F32, I32, DType
+from .dtypes import F32, I32, DType, promote
 from .graph_ops import _then, is_mask, register
 from .ir import Value
 from .opcall import OpCall, P
@@ -398,3 +398,124 @@ def _arange(call: OpCall) -> object:
         values = _then(call, "add", values, float(offset) if not isinstance(offset, Value)
                        else offset)  # fmt: skip
     return _as_dtype(call, values, _created_dtype(call, I32 if integer else F32))
+
+
+# -------------------------------------------------------------------- joining
+
+
+def _tensors(call: OpCall, name: str) -> list[Value]:
+    value = call.raw(name)
+    items = value if isinstance(value, (tuple, list)) else None
+    if isinstance(value, Const) and isinstance(value.value, (tuple, list)):
+        items = value.value
+    if not items or not all(isinstance(v, Value) and isinstance(v.type, TensorType) for v in items):
+        raise call.error(
+            f"'{name}' must be a list or tuple of tensors, such as [a, b], not "
+            f"{describe(value) if not isinstance(value, (tuple, list)) else 'that sequence'}",
+            at=name,
+        )
+    return list(items)
+
+
+def _joined(call: OpCall, tensors: list[Value], axis_of: Any) -> Value:
+    """The concatenation of ``tensors`` along the call's axis (``axis_of`` of the rank)."""
+    rank = tensors[0].type.rank
+    for t in tensors[1:]:
+        if t.type.rank != rank:
+            raise call.error(
+                "the tensors must have one rank: "
+                + ", ".join(dims_text(v.type.dims) for v in tensors),
+                at="tensors",
+            )
+    if rank == 0:
+        raise call.error("cannot join 0-d tensors along an axis; stack them", at="tensors")
+    axis = axis_of(rank)
+    first = tensors[0].type.dims
+    for t in tensors[1:]:
+        for k in range(rank):
+            if k != axis:
+                call.same_dim(
+                    t.type.dims[k], first[k],
+                    lambda: "the tensors' sizes differ off the joined axis "
+                    f"{axis}: " + ", ".join(dims_text(v.type.dims) for v in tensors),
+                    f"joined size {t.type.dims[k]} == {first[k]}", ("tensors",),
+                )  # fmt: skip
+    masks = [is_mask(t) for t in tensors]
+    if any(masks) and not all(masks):
+        raise call.error("joins masks with masks only; cast a mask to join it with numbers",
+                         at="tensors")  # fmt: skip
+    dtype = tensors[0].type.dtype
+    for t in tensors[1:]:
+        dtype = promote(dtype, t.type.dtype)
+    if len(tensors) == 1:
+        return tensors[0]
+    total = sum((t.type.dims[axis] for t in tensors), start=Dim.const(0))
+    after = math.prod(first[axis + 1 :], start=_ONE)
+    rows = math.prod(first[:axis], start=_ONE)
+    like = _zeros(call, (_ONE, total * after))  # gives the pad kernel its row length only
+    out: Value | None = None
+    start = Dim.const(0)
+    for t in tensors:
+        part = _as_dtype(call, t, F32)
+        flat = _reshaped(call, part, (rows, t.type.dims[axis] * after))
+        padded = call.emit("pad", (flat, like), TensorType((rows, total * after), F32),
+                           attrs=(("start", start * after),))  # fmt: skip
+        out = padded if out is None else _then(call, "add", out, padded)
+        start = start + t.type.dims[axis]
+    assert out is not None
+    joined = _reshaped(call, out, (*first[:axis], total, *first[axis + 1 :]))
+    if all(masks):
+        return _then(call, "not_equal", joined, 0.0)
+    return _as_dtype(call, joined, dtype)
+
+
+def _concat(name: str, what: str) -> Any:
+    def rule(call: OpCall) -> object:
+        tensors = _tensors(call, "tensors")
+        return _joined(call, tensors, lambda rank: _axis_argument(call, rank, 0))
+
+    rule.__doc__ = (
+        "The tensors of a list or tuple joined along ``axis`` (default 0; ``dim`` is "
+        f"PyTorch's name for it), as {what}: ``{name}([a, b], axis=-1)`` of ``[N, 3]`` and "
+        "``[N, 5]`` is ``[N, 8]``. The tensors have one rank and the same sizes off that "
+        "axis; the result has the wider dtype of them (any dtype, masks too; integers "
+        "are exact below 2**24, as all integer elementwise math is). Each tensor is "
+        "written into its block of the result by the library's ``pad`` kernel and the "
+        "blocks are added, a pass over the result per tensor; the gradient of each tensor "
+        "is its block of the result's (a slice)."
+    )
+    return rule
+
+
+for _name, _what in (("concat", "numpy's ``concat``"), ("concatenate", "numpy's ``concatenate``"),
+                     ("cat", "PyTorch's ``cat``")):  # fmt: skip
+    register(_name, P("tensors"), P("axis", None), P("dim", None, keyword_only=True))(
+        _concat(_name, _what)
+    )
+
+
+@register("stack", P("tensors"), P("axis", None), P("dim", None, keyword_only=True))
+def _stack(call: OpCall) -> object:
+    """The tensors of a list or tuple, all of one shape, joined along a new axis ``axis``
+    (default 0; ``dim`` is PyTorch's name; counted in the result), as numpy's and PyTorch's
+    ``stack``: ``stack([a, b], axis=-1)`` of two ``[N, C]`` is ``[N, C, 2]``. It is
+    ``concat`` of each with that axis added (a view), and so has its dtypes and its
+    gradient."""
+    tensors = _tensors(call, "tensors")
+    rank = tensors[0].type.rank + 1
+    axis = _axis_argument(call, rank, 0)
+    if isinstance(axis, tuple):
+        raise call.error("'axis' must be one integer", at="axis" if call.given("axis") else "dim")
+    for t in tensors[1:]:
+        if t.type.rank + 1 != rank:
+            raise call.error(
+                "the tensors must have one shape: "
+                + ", ".join(dims_text(v.type.dims) for v in tensors),
+                at="tensors",
+            )
+    added = []
+    for t in tensors:
+        dims = (*t.type.dims[:axis], _ONE, *t.type.dims[axis:])
+        added.append(call.emit("expand_dims", (t,), TensorType(dims, t.type.dtype),
+                               attrs=(("axes", (axis,)),)))  # fmt: skip
+    return _joined(call, added, lambda _: axis)
