@@ -97,6 +97,14 @@ CASES: dict[str, Case] = {
     "stack_first": ('a: Tensor["R", "C", f32], b: Tensor["R", "C", f32]', '3, "R", "C", f32',
                     "stack((a, b, a * 2.0))", lambda a, b: np.stack([a, b, a * 2]),
                     ((R, C), (R, C))),
+    "tril": ('x: Tensor["R", "C", f32]', '"R", "C", f32', "tril(x)", np.tril, ((R, C),)),
+    "triu_k": ('x: Tensor["R", "C", f32]', '"R", "C", f32', "x.triu(1) + tril(x, -3) * 2.0",
+               lambda x: np.triu(x, 1) + np.tril(x, -3) * 2, ((R, C),)),
+    "triu_batch": ('x: Tensor[2, "C", "R", f32]', '2, "C", "R", f32', "triu(x, diagonal=-2)",
+                   lambda x: np.triu(x, -2), ((2, C, R),)),
+    "causal_scores": ('s: Tensor["R", "R", f32]', '"R", "R", f32',
+                      "where(tril(ones_like(s)) > 0.0, s, -INF)",
+                      lambda s: np.where(np.tril(np.ones_like(s)) > 0, s, -np.inf), ((R, R),)),
 }  # fmt: skip
 
 SOURCE = "\n".join(
@@ -252,6 +260,10 @@ BAD = {
         "def f(a: Tensor[4, 3, f32], b: Tensor[4, 2, f32]) -> Tensor[2, 4, 3, f32]:\n"
         "    return stack([a, b])\n",
         2, "stack: the tensors' sizes differ off the joined axis 0",
+    ),
+    "tril of a vector": (
+        "def f(x: Tensor[4, f32]) -> Tensor[4, f32]:\n    return tril(x)\n",
+        2, "tril: needs at least 2 dims; x is [4]",
     ),
 }  # fmt: skip
 

@@ -140,6 +140,10 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         (("q", "BMD"), ("k", "BND"), ("v", "BND")),
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
     ),
+    "causal_attention": (
+        (("q", "BMD"), ("k", "BND"), ("v", "BND")),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3),
+    ),
     "grouped_attention": (
         (("q", "14ND"), ("k", "12ND"), ("v", "12ND")),
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
@@ -175,6 +179,13 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         lambda x, y, z: (
             torch.cat([x * x, y], -1),
             torch.stack([torch.cat((x, z)), torch.cat((z * 2, x))]),
+        ),
+    ),
+    "triangles": (
+        (("x", "RC"), ("s", "RR")),
+        lambda x, s: (
+            x.tril() * x + x.triu(2),
+            torch.softmax(torch.where(torch.ones_like(s).tril() > 0, s, -math.inf), -1),
         ),
     ),
 }
@@ -417,6 +428,8 @@ COMPOSITE = {
     "full": ("index_along", "add", "cast"), "arange": ("index_along", "mul", "add", "cast"),
     **{join: ("index_along", "cast", "reshape", "pad", "add", "not_equal", "expand_dims")
        for join in ("concat", "concatenate", "cat", "stack")},
+    "tril": ("index_along", "sub", "less_equal", "where"),
+    "triu": ("index_along", "sub", "greater_equal", "where"),
 }  # fmt: skip
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.

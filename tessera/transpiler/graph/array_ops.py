@@ -519,3 +519,41 @@ def _stack(call: OpCall) -> object:
         added.append(call.emit("expand_dims", (t,), TensorType(dims, t.type.dtype),
                                attrs=(("axes", (axis,)),)))  # fmt: skip
     return _joined(call, added, lambda _: axis)
+
+
+# -------------------------------------------------------------------- triangles
+
+
+def _triangle(lower: bool) -> Any:
+    def rule(call: OpCall) -> object:
+        x = call.tensor("x")
+        if x.type.rank < 2:
+            raise call.error(f"needs at least 2 dims; {call.shape_of('x')}", at="x")
+        if is_mask(x):
+            raise call.error(f"{call.ev('x').text} is a mask; cast it to f32 first", at="x")
+        k = call.const("diagonal", int)
+        dims = x.type.dims
+        rows, cols = indices_of(call, dims, x.type.rank - 2), indices_of(
+            call, dims, x.type.rank - 1
+        )
+        offset = _then(call, "sub", cols, rows)
+        keep = _then(call, "less_equal" if lower else "greater_equal", offset, float(k))
+        zero = 0.0 if x.type.dtype.is_float else 0
+        return _then(call, "where", keep, x, zero)
+
+    which = "lower" if lower else "upper"
+    name = "tril" if lower else "triu"
+    side = "on or below" if lower else "on or above"
+    rule.__doc__ = (
+        f"The {which} triangle of the last two axes, as numpy's and PyTorch's ``{name}``: "
+        f"``x`` {side} the diagonal ``diagonal`` (``k`` in numpy; 0 the main one, 1 the "
+        "one above it, -1 below), 0 elsewhere (NaN too). Any numeric dtype; same shape; "
+        "a batch of matrices is each one's. A causal mask: ``where(tril(ones_like(s)) > "
+        "0.0, s, -INF)``. Its gradient is the same triangle of the cotangent. Also a "
+        "method."
+    )
+    return rule
+
+
+for _lower in (True, False):
+    register("tril" if _lower else "triu", P("x"), P("diagonal", 0))(_triangle(_lower))
