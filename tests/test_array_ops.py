@@ -105,6 +105,17 @@ CASES: dict[str, Case] = {
     "causal_scores": ('s: Tensor["R", "R", f32]', '"R", "R", f32',
                       "where(tril(ones_like(s)) > 0.0, s, -INF)",
                       lambda s: np.where(np.tril(np.ones_like(s)) > 0, s, -np.inf), ((R, R),)),
+    "any_rows": ('x: Tensor["R", "C", f32]', '"R", f32', "cast(any(x > 2.0, axis=1), f32)",
+                 lambda x: (x > 2).any(1).astype(np.float64), ((R, C),)),
+    "all_columns": ('x: Tensor["R", "C", f32]', '1, "C", f32',
+                    "all(x, axis=0, keepdims=True).astype(f32)",
+                    lambda x: (x != 0).all(0, keepdims=True).astype(np.float64), ((R, C),)),
+    "any_every_axis": ('x: Tensor["R", "C", f32]', "f32",
+                       "cast(x.any(), f32) + cast(all(x > -10.0), f32) * 2.0",
+                       lambda x: np.float64((x != 0).any() + 2.0 * (x > -10).all()), ((R, C),)),
+    "all_where": ('x: Tensor["R", "C", f32]', '"R", "C", f32',
+                  "where(all(x > -1.5, axis=-1, keepdims=True), x, 0.0)",
+                  lambda x: np.where((x > -1.5).all(-1, keepdims=True), x, 0), ((R, C),)),
 }  # fmt: skip
 
 SOURCE = "\n".join(
@@ -264,6 +275,14 @@ BAD = {
     "tril of a vector": (
         "def f(x: Tensor[4, f32]) -> Tensor[4, f32]:\n    return tril(x)\n",
         2, "tril: needs at least 2 dims; x is [4]",
+    ),
+    "any axis": (
+        "def f(x: Tensor[4, f32]) -> Tensor[f32]:\n    return cast(any(x, axis=1), f32)\n",
+        2, "any: axis 1 is out of range for a rank-1 value",
+    ),
+    "any result": (
+        "def f(x: Tensor[4, f32]) -> Tensor[f32]:\n    return any(x)\n",
+        2, "returns bool, but the declared result is f32; convert it with cast(..., f32)",
     ),
 }  # fmt: skip
 

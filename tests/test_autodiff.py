@@ -430,6 +430,8 @@ COMPOSITE = {
        for join in ("concat", "concatenate", "cat", "stack")},
     "tril": ("index_along", "sub", "less_equal", "where"),
     "triu": ("index_along", "sub", "greater_equal", "where"),
+    "any": ("not_equal", "cast", "max", "greater"), "all": ("not_equal", "cast", "neg", "max",
+    "greater"),
 }  # fmt: skip
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.

@@ -557,3 +557,42 @@ def _triangle(lower: bool) -> Any:
 
 for _lower in (True, False):
     register("tril" if _lower else "triu", P("x"), P("diagonal", 0))(_triangle(_lower))
+
+
+# -------------------------------------------------------------------- truth
+
+
+def _truth(every: bool) -> Any:
+    def rule(call: OpCall) -> object:
+        x = call.tensor("x")
+        nonzero = x if is_mask(x) else _then(call, "not_equal", x, 0.0 if x.type.dtype.is_float
+                                              else 0)  # fmt: skip
+        flags = _then(call, "cast", nonzero, F32)
+        axis = call.raw("axis")
+        if isinstance(axis, Const) and axis.value is None:
+            axis = Const(tuple(range(x.type.rank)))
+        if axis == Const(()):
+            reduced = flags
+        elif every:
+            reduced = _then(call, "min", flags, axis, call.raw("keepdims"))
+        else:
+            reduced = _then(call, "max", flags, axis, call.raw("keepdims"))
+        return _then(call, "greater", reduced, 0.5)
+
+    name = "all" if every else "any"
+    which = "every" if every else "some"
+    rule.__doc__ = (
+        f"Whether {which} element along ``axis`` is true, as numpy's and PyTorch's "
+        f"``{name}``: of a mask, or of a tensor (nonzero, NaN included, is true). A mask "
+        "(which ``where``, ``cast`` and ``.astype`` read), ``axis`` dropped unless "
+        "``keepdims``; ``axis`` is an integer or a tuple, and without it every axis "
+        f"is reduced, to a 0-d mask. It is the {'minimum' if every else 'maximum'} of the "
+        "mask as 1.0 and 0.0: the reduction kernels."
+    )
+    return rule
+
+
+for _every in (False, True):
+    register("all" if _every else "any", P("x"), P("axis", None), P("keepdims", False))(
+        _truth(_every)
+    )
