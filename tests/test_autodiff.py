@@ -188,6 +188,14 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
             torch.softmax(torch.where(torch.ones_like(s).tril() > 0, s, -math.inf), -1),
         ),
     ),
+    "gathers": (
+        (("w", "CR"), ("ids", "ixC:R3"), ("x", "RC"), ("y", "ixC:R")),
+        lambda w, ids, x, y: (
+            w[ids.long()] * 2,
+            F.cross_entropy(x, y.long(), label_smoothing=0.2),
+            F.cross_entropy(x * 3, y.long(), reduction="none"),
+        ),
+    ),
 }
 
 #: The parameters each ``F_vjp`` differentiates, where not every float tensor.
@@ -430,6 +438,10 @@ COMPOSITE = {
        for join in ("concat", "concatenate", "cat", "stack")},
     "tril": ("index_along", "sub", "less_equal", "where"),
     "triu": ("index_along", "sub", "greater_equal", "where"),
+    "take": ("reshape", "index_along", "equal", "where", "take_along_axis"),
+    "embedding": ("reshape", "index_along", "equal", "where", "take_along_axis"),
+    "cross_entropy": ("cast", "log_softmax", "not_equal", "where", "reshape", "take_along_axis",
+                      "neg", "mean", "add", "mul", "sum", "div"),
     "any": ("not_equal", "cast", "max", "greater"), "all": ("not_equal", "cast", "neg", "max",
     "greater"),
 }  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 
 from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import F32, I32, DType, promote
-from .graph_ops import _then, is_mask, register
+from .graph_ops import GRAPH_OPS, _as_ev, _then, is_mask, register
 from .ir import Value
 from .opcall import OpCall, P
 from .types import ScalarType, TensorType, dims_text
@@ -596,3 +596,132 @@ for _every in (False, True):
     register("all" if _every else "any", P("x"), P("axis", None), P("keepdims", False))(
         _truth(_every)
     )
+
+
+# -------------------------------------------------------------------- gathers and losses
+
+
+@register("take", P("x"), P("indices"), P("axis", None))
+def _take(call: OpCall) -> object:
+    """The elements of ``x`` at integer ``indices`` along ``axis``, as numpy's ``take``:
+    ``take(w, ids, axis=0)`` of ``w [V, D]`` and ``ids [B, S]`` is ``[B, S, D]``, the rows
+    of an embedding table; ``w[ids]`` is the same (numpy's indexing by an integer array
+    on the first axis). Without ``axis``, ``x`` is flattened first (numpy's). The result
+    is ``x.shape[:axis] + indices.shape + x.shape[axis+1:]``, of ``x``'s dtype (a float).
+    Where ``indices`` is a parameter, a value outside ``[0, x.shape[axis])`` is a
+    ``ValueError`` before the launch (numpy's ``IndexError``); a computed one is clamped
+    into the axis. It is ``take_along_axis`` of the indices broadcast across the other
+    axes, and so has its gradient (``scatter_add``); along the first axis, that gather
+    runs over ``x`` transposed."""
+    x, indices = call.tensor("x"), call.tensor("indices")
+    if indices.type.dtype.kind != "int":
+        raise call.error(
+            f"the indices must be an integer tensor; {call.ev('indices').text} is "
+            f"{indices.type.dtype}",
+            at="indices",
+        )
+    if call.raw("axis") == Const(None):
+        x = _reshaped(call, x, (math.prod(x.type.dims, start=_ONE),))
+        axis = 0
+    else:
+        axis = call.axis("axis", max(x.type.rank, 1))
+    if x.type.rank == 0:
+        raise call.error(f"needs at least 1 dim; {call.shape_of('x')}", at="x")
+    dims = x.type.dims
+    call.emitter.index_guard(indices, dims[axis], call.shown, call.span)
+    count = math.prod(indices.type.dims, start=_ONE)
+    column = tuple(count if k == axis else _ONE for k in range(x.type.rank))
+    spread = tuple(count if k == axis else d for k, d in enumerate(dims))
+    index = _broadcast_value(call, _reshaped(call, indices, column), spread)
+    picked = _then(call, "take_along_axis", x, index, axis)
+    return _reshaped(call, picked, (*dims[:axis], *indices.type.dims, *dims[axis + 1 :]))
+
+
+def _broadcast_value(call: OpCall, x: Value, dims: tuple[Dim, ...]) -> Value:
+    """``x`` broadcast to ``dims`` (which it broadcasts to)."""
+    if tuple(dims) == tuple(x.type.dims):
+        return x
+    return _then(call, "where", _everywhere(call, dims), x, x)
+
+
+@register("embedding", P("input"), P("weight"))
+def _embedding(call: OpCall) -> object:
+    """The rows of ``weight [V, D]`` at the integer ``input`` (any shape), as PyTorch's
+    ``torch.nn.functional.embedding``: ``take(weight, input, axis=0)``, of shape
+    ``input.shape + [D]``, with its run-time check of the indices and its gradient (the
+    rows' cotangents summed into a ``[V, D]`` of zeros). PyTorch's ``padding_idx`` and
+    ``max_norm`` are not taken."""
+    weight = call.tensor("weight")
+    if weight.type.rank != 2:
+        raise call.error(f"'weight' must be a [V, D] table; {call.shape_of('weight')}",
+                         at="weight")  # fmt: skip
+    spec = GRAPH_OPS["take"]
+    args = {"x": call.ev("weight"), "indices": call.ev("input"), "axis": _as_ev(call, 0)}
+    return spec.rule(OpCall(spec, args, call.span, call.emitter, call.shown))
+
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+@register(
+    "cross_entropy", P("input"), P("target"), P("ignore_index", -100, keyword_only=True),
+    P("reduction", "mean", keyword_only=True), P("label_smoothing", 0.0, keyword_only=True),
+)  # fmt: skip
+def _cross_entropy(call: OpCall) -> object:
+    """The cross-entropy loss of logits ``input [N, C]`` and integer class labels ``target
+    [N]``, as PyTorch's ``torch.nn.functional.cross_entropy``: ``-log_softmax(input)[n,
+    target[n]]`` for each row; ``reduction`` "mean" (the default: over the rows whose
+    label is not ``ignore_index``, NaN where none is, as PyTorch's), "sum" (a 0-d
+    tensor) or "none" (``[N]``). A row labelled ``ignore_index`` (default -100)
+    contributes 0. ``label_smoothing`` ``e`` in [0, 1] mixes in the uniform target:
+    ``(1 - e) * nll + e * mean(-log_softmax(input))`` per row. Float logits; the result
+    is f32. Made of ``log_softmax`` and ``take_along_axis``, so its gradient is theirs.
+    A label outside ``[0, C)`` other than ``ignore_index`` is clamped into it (PyTorch
+    raises); per-class ``weight`` and probability targets are not taken (write
+    ``-sum(t * log_softmax(x, axis=-1), axis=-1)`` for the latter)."""
+    logits, labels = call.tensor("input"), call.tensor("target")
+    if logits.type.rank != 2 or not logits.type.dtype.is_float:
+        raise call.error(
+            f"'input' must be float logits [N, C]; {call.shape_of('input')}, "
+            f"{logits.type.dtype}",
+            at="input",
+        )
+    if labels.type.dtype.kind != "int" or labels.type.rank != 1:
+        raise call.error(
+            f"'target' must be integer class labels [N]; {call.shape_of('target')}, "
+            f"{labels.type.dtype} (probability targets: -sum(t * log_softmax(x, axis=-1), "
+            "axis=-1))",
+            at="target",
+        )
+    call.same_dim(
+        labels.type.dims[0], logits.type.dims[0],
+        lambda: f"one label per row: {call.shape_of('input')}, {call.shape_of('target')}",
+        "cross_entropy rows", ("input", "target"),
+    )  # fmt: skip
+    reduction = call.const("reduction", str)
+    if reduction not in _REDUCTIONS:
+        raise call.error(
+            f"reduction is one of {', '.join(map(repr, _REDUCTIONS))}, not {reduction!r}",
+            at="reduction",
+        )
+    ignored = call.const("ignore_index", int)
+    smoothing = call.number("label_smoothing")
+    if not 0.0 <= smoothing <= 1.0:
+        raise call.error(f"label_smoothing is in [0, 1], not {smoothing}", at="label_smoothing")
+    scores = _then(call, "log_softmax", _as_dtype(call, logits, F32), -1)
+    kept = _then(call, "not_equal", labels, ignored)
+    index = _then(call, "where", kept, labels, 0)
+    column = _reshaped(call, index, (labels.type.dims[0], _ONE))
+    picked = _then(call, "take_along_axis", scores, column, -1)
+    loss = _then(call, "neg", _reshaped(call, picked, labels.type.dims))
+    if smoothing:
+        uniform = _then(call, "neg", _then(call, "mean", scores, -1))
+        loss = _then(call, "add", _then(call, "mul", loss, 1.0 - smoothing),
+                     _then(call, "mul", uniform, smoothing))  # fmt: skip
+    loss = _then(call, "where", kept, loss, 0.0)
+    if reduction == "none":
+        return loss
+    total = _then(call, "sum", loss, 0)
+    if reduction == "sum":
+        return total
+    return _then(call, "div", total, _then(call, "sum", _then(call, "cast", kept, F32), 0))

@@ -90,7 +90,7 @@ _METHODS = (
     "log_softmax", "logsumexp_safe", "floor", "ceil", "exp2", "log2", "log1p", "expm1", "erf",
     "tan", "clip", "square", "reciprocal", "sign", "isnan", "isinf", "isfinite", "logsumexp",
     "var", "std", "argmax", "argmin", "squeeze", "unsqueeze", "flatten", "broadcast_to", "expand",
-    "tril", "triu", "any", "all",
+    "tril", "triu", "any", "all", "take",
 )  # fmt: skip
 
 
@@ -629,6 +629,9 @@ class Evaluator:
         tensor's axis (``_sliced``), and an integer one element of it, without the axis:
         ``x[:, -1]`` is ``x[:, -1:]`` reshaped."""
         rank = v.type.rank
+        gathered = self._gathered(node, v)
+        if gathered is not None:
+            return gathered
         if sum(isinstance(item, ast.EllipsisLit) for item in node.index) > 1:
             raise SemanticError("an index has at most one '...'", node.span)
         named = [i for i in node.index if not isinstance(i, (ast.NoneLit, ast.EllipsisLit))]
@@ -679,6 +682,30 @@ class Evaluator:
         if isinstance(result, TensorType):
             result = TensorType(result.dims, result.dtype)
         return self._runtime(node.span).emit(kind, (v,), (result,), attrs, (), node.span)[0]
+
+    def _gathered(self, node: ast.Subscript, v: Value) -> Value | None:
+        """``w[ids]`` (``w[ids, :]``) of a tensor by an integer tensor: numpy's indexing by an
+        integer array on the first axis, ``take(w, ids, axis=0)`` (an embedding's rows).
+        None where the first item is not an integer tensor, or other items are not ``:``."""
+        first, rest = node.index[0], node.index[1:]
+        if isinstance(first, (ast.Slice, ast.NoneLit, ast.EllipsisLit)) or isinstance(
+            v.type, TileType
+        ):
+            return None
+        whole = all(isinstance(i, ast.Slice) and i.lower is i.upper is i.step is None for i in rest)
+        ids = self.eval(first)
+        is_index = isinstance(ids.value, Value) and isinstance(ids.value.type, TensorType)
+        if not is_index or ids.value.type.dtype.kind != "int":
+            return None
+        if not whole:
+            raise SemanticError(
+                "indexing by an integer tensor takes whole rows: w[ids] or w[ids, :] "
+                "(take(w, ids, axis=k) for another axis)",
+                node.span,
+            )
+        base = Ev(v, node.value.span, node.value)
+        keywords = [("axis", Ev(Const(0), node.span, "0"), node.span)]
+        return self.call_op(GRAPH_OPS["take"], [base, ids], keywords, node.span, print_expr(node))
 
     def _sliced(self, x: Value, bounds: dict[int, tuple[Dim, Dim, Span]], span: Span) -> Value:
         """``x[..., a:b]``, ``x[:, :T]``: elements ``[a, b)`` along each sliced axis. A view:
@@ -743,7 +770,8 @@ class Evaluator:
         gather = ""
         if isinstance(ev.value, Value) and isinstance(ev.value.type, TensorType):
             gather = " (a gather by a tensor's values, x[i, labels[i]], is "
-            gather += "take_along_axis(x, labels, axis=-1))"
+            gather += "take_along_axis(x, labels, axis=-1); rows by integer ids, w[ids], "
+            gather += "are take(w, ids, axis=0))"
         raise SemanticError(
             f"an index or a slice bound is an integer or a size, not {describe(ev.value)}" + gather,
             ev.span,
