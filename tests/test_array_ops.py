@@ -146,6 +146,28 @@ CASES: dict[str, Case] = {
                            lambda x, y: _torch_ce(x * 30, y, reduction="none",
                                                   label_smoothing=0.1),
                            ((R, C), ("labels", C, (R,)))),
+    "einsum_product": ('a: Tensor["R", 19, f32], b: Tensor[19, "C", f32]', '"R", "C", f32',
+                       'einsum("ij,jk->ik", a, b)', lambda a, b: np.einsum("ij,jk->ik", a, b),
+                       ((R, 19), (19, C))),
+    "einsum_batched": ('a: Tensor[3, "R", 19, f32], b: Tensor[3, 19, 23, f32]',
+                       '3, "R", 23, f32', 'einsum("bij,bjk->bik", a, b)',
+                       lambda a, b: np.einsum("bij,bjk->bik", a, b), ((3, R, 19), (3, 19, 23))),
+    "einsum_scores": ('q: Tensor[2, 3, "R", 19, f32], k: Tensor[2, 3, 23, 19, f32]',
+                      '2, 3, "R", 23, f32', 'einsum("bhqd,bhkd->bhqk", q, k)',
+                      lambda q, k: np.einsum("bhqd,bhkd->bhqk", q, k),
+                      ((2, 3, R, 19), (2, 3, 23, 19))),
+    "einsum_implicit": ('a: Tensor["R", 19, f32], b: Tensor["C", 19, f32]', '"R", "C", f32',
+                        'einsum("ij,kj", a, b)', lambda a, b: a @ b.T, ((R, 19), (C, 19))),
+    "einsum_transpose": ('x: Tensor["R", "C", f32]', '"C", "R", f32', 'einsum("ij->ji", x)',
+                         lambda x: x.T, ((R, C),)),
+    "einsum_sums": ('x: Tensor["R", "C", f32]', '"C", f32',
+                    'einsum("ij->j", x) + einsum("ij->", x)',
+                    lambda x: x.sum(0) + x.sum(), ((R, C),)),
+    "einsum_outer": ('a: Tensor["R", f32], b: Tensor["C", f32]', '"C", "R", f32',
+                     'einsum("i,j->ji", [a, b])', lambda a, b: np.outer(b, a), ((R,), (C,))),
+    "einsum_mixed": ('a: Tensor[5, "R", 19, f32], b: Tensor[19, 4, 3, f32]', '4, 5, f32',
+                     'einsum("ijk,klm->li", a, b)', lambda a, b: np.einsum("ijk,klm->li", a, b),
+                     ((5, R, 19), (19, 4, 3))),
 }  # fmt: skip
 
 
@@ -196,13 +218,15 @@ def _check(have: np.ndarray, want: np.ndarray, rtol: float = 1e-6) -> None:
         return
     written = ~np.isnan(want)
     assert not np.isnan(have[written]).any(), "some outputs were never written"
-    np.testing.assert_allclose(have, want, rtol=rtol, atol=0)
+    # sums of products of normals cancel: their error is relative to the terms' size
+    atol = rtol * np.abs(want[written]).max(initial=0.0) if rtol > 1e-6 else 0.0
+    np.testing.assert_allclose(have, want, rtol=rtol, atol=atol)
 
 
 def _tolerance(name: str) -> float:
     """Exact copies and index arithmetic to the last bit; a loss to f32's rounding of a
     log-softmax and its sums."""
-    return 2e-5 if name.startswith("cross_entropy") else 1e-6
+    return 2e-5 if name.startswith(("cross_entropy", "einsum")) else 1e-6
 
 
 #: The targets: the CPU, OpenCL and CUDA on the simulated GPU here, the rest exhaustive.
@@ -234,8 +258,9 @@ def test_op_matches_numpy(built: Any, name: str) -> None:
 #: its rows), kernels that read an input through a view of other dims (``squeeze``,
 #: ``flatten``, the gathers' indices), the joins, whose library ``pad`` kernel reads its
 #: row as a view of the tensor joined, and the gathers along the first axis, which
-#: read the table through a transpose.
-INTERPRETER_LACKS = frozenset({"all_columns", "any_every_axis"}) | {
+#: read the table through a transpose. (``einsum_sums`` sums columns; ``einsum_outer``
+#: reads a vector as a view of one column.)
+INTERPRETER_LACKS = frozenset({"all_columns", "any_every_axis", "einsum_sums", "einsum_outer"}) | {
     n for n in CASES
     if n.startswith(("concat", "stack", "squeeze", "flatten", "take", "embedding", "cross"))
 }  # fmt: skip
@@ -366,6 +391,31 @@ BAD = {
         "def f(x: Tensor[4, 3, f32], t: Tensor[4, i32]) -> Tensor[f32]:\n"
         "    return cross_entropy(x, t, reduction='avg')\n",
         2, "cross_entropy: reduction is one of 'mean', 'sum', 'none', not 'avg'",
+    ),
+    "einsum with a diagonal": (
+        "def f(x: Tensor[4, 4, f32]) -> Tensor[f32]:\n    return einsum('ii->', x)\n",
+        2, "einsum: 'ii' repeats 'i': a diagonal (a trace) is not supported",
+    ),
+    "einsum term count": (
+        "def f(x: Tensor[4, 4, f32]) -> Tensor[4, f32]:\n    return einsum('ij,jk->i', x)\n",
+        2, "einsum: 'ij,jk->i' has 2 operand terms, but 1 operand is given",
+    ),
+    "einsum term rank": (
+        "def f(x: Tensor[4, 4, f32]) -> Tensor[4, f32]:\n    return einsum('ijk->i', x)\n",
+        2, "einsum: the term 'ijk' names 3 axes of a tensor of 2: [4, 4]",
+    ),
+    "einsum result letter": (
+        "def f(x: Tensor[4, 4, f32]) -> Tensor[4, f32]:\n    return einsum('ij->k', x)\n",
+        2, "einsum: the result's 'k' is in no operand: 'ij->k'",
+    ),
+    "einsum sizes": (
+        "def f(a: Tensor[4, 3, f32], b: Tensor[5, 2, f32]) -> Tensor[4, 2, f32]:\n"
+        "    return einsum('ij,jk->ik', a, b)\n",
+        2, "einsum: 'j' is 3 in one operand and 5 in another",
+    ),
+    "einsum ellipsis": (
+        "def f(x: Tensor[4, 4, f32]) -> Tensor[4, 4, f32]:\n    return einsum('...ij->...ji', x)\n",
+        2, "einsum: '...' (broadcast dims) is not supported",
     ),
 }  # fmt: skip
 

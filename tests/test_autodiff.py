@@ -196,6 +196,14 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
             F.cross_entropy(x * 3, y.long(), reduction="none"),
         ),
     ),
+    "einsums": (
+        (("a", "BMK"), ("b", "BKN"), ("v", "N")),
+        lambda a, b, v: (
+            torch.einsum("bij,bjk->bik", a, b),
+            torch.einsum("bij,k->bjik", a, v),
+            torch.einsum("bij->j", a),
+        ),
+    ),
 }
 
 #: The parameters each ``F_vjp`` differentiates, where not every float tensor.
@@ -442,6 +450,7 @@ COMPOSITE = {
     "embedding": ("reshape", "index_along", "equal", "where", "take_along_axis"),
     "cross_entropy": ("cast", "log_softmax", "not_equal", "where", "reshape", "take_along_axis",
                       "neg", "mean", "add", "mul", "sum", "div"),
+    "einsum": ("sum", "transpose", "reshape", "mul", "matmul"),
     "any": ("not_equal", "cast", "max", "greater"), "all": ("not_equal", "cast", "neg", "max",
     "greater"),
 }  # fmt: skip

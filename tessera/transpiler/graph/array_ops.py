@@ -725,3 +725,133 @@ def _cross_entropy(call: OpCall) -> object:
     if reduction == "sum":
         return total
     return _then(call, "div", total, _then(call, "sum", _then(call, "cast", kept, F32), 0))
+
+
+# -------------------------------------------------------------------- einsum
+
+
+def _einsum_terms(call: OpCall, count: int) -> tuple[list[str], str]:
+    """The operands' subscripts and the result's, checked: letters only (no ``...``), one
+    term per operand, no letter twice in one term (a diagonal) or in the result, every
+    result letter among the operands'. Without ``->``, the result is the letters that
+    appear once, in alphabetical order (numpy's and PyTorch's implicit form)."""
+    text = call.const("subscripts", str).replace(" ", "")
+    if "." in text:
+        raise call.error("'...' (broadcast dims) is not supported: name every axis",
+                         at="subscripts")  # fmt: skip
+    inputs, arrow, output = text.partition("->")
+    terms = inputs.split(",")
+    for term in [*terms, output]:
+        bad = next((c for c in term if not c.isalpha()), None)
+        if bad is not None:
+            raise call.error(f"subscripts are letters, not {bad!r}: {text!r}", at="subscripts")
+    if len(terms) != count:
+        raise call.error(
+            f"{text!r} has {len(terms)} operand term{'s' if len(terms) != 1 else ''}, "
+            f"but {count} operand{'s are' if count != 1 else ' is'} given",
+            at="subscripts",
+        )
+    for term in terms:
+        twice = next((c for c in term if term.count(c) > 1), None)
+        if twice is not None:
+            raise call.error(
+                f"{term!r} repeats {twice!r}: a diagonal (a trace) is not supported",
+                at="subscripts",
+            )
+    letters = "".join(terms)
+    if not arrow:
+        output = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    for c in output:
+        if output.count(c) > 1 or c not in letters:
+            why = "twice" if output.count(c) > 1 else "in no operand"
+            raise call.error(f"the result's {c!r} is {why}: {text!r}", at="subscripts")
+    return terms, output
+
+
+def _merged(sizes: dict[str, Dim], letters: str) -> Dim:
+    """The size of the axes ``letters`` name merged into one."""
+    return math.prod((sizes[c] for c in letters), start=_ONE)
+
+
+def _in_order(call: OpCall, x: Value, term: str, order: str) -> Value:
+    """``x``, whose axes ``term`` names, with its axes in ``order`` (a permutation)."""
+    if term == order:
+        return x
+    return _then(call, "transpose", x, tuple(term.index(c) for c in order))
+
+
+@register("einsum", P("subscripts"), P("a"), P("b", None))
+def _einsum(call: OpCall) -> object:
+    """Einstein summation of one or two tensors, as numpy's and PyTorch's ``einsum``:
+    ``einsum("bij,bjk->bik", a, b)`` is a batched product, ``"ij->ji"`` a transpose,
+    ``"ij->j"`` a column sum, ``"i,j->ij"`` an outer product, ``"bhqd,bhkd->bhqk"``
+    attention's scores; without ``->``, the result's letters are those that appear
+    once, in alphabetical order. Two operands may also come as one list, as PyTorch
+    allows. It is made of ``sum``, ``transpose``, ``reshape``, ``mul`` and ``matmul``
+    (the letters summed over both operands become the product's inner dim, those of
+    both kept its batch), so every backend, fusion and autodiff take it as those ops;
+    the product's dtype rules apply (both operands of one dtype; f32 from bf16).
+    Not supported, each an error at the call: ``...``, a letter twice in one operand (a
+    diagonal or a trace), more than two operands (write two einsums)."""
+    operands = call.raw("a")
+    if isinstance(operands, (tuple, list)):
+        if call.raw("b") != Const(None):
+            raise call.error("give the operands as arguments or as one list, not both", at="b")
+        tensors = _tensors(call, "a")
+    else:
+        tensors = [call.tensor("a")]
+        if call.raw("b") != Const(None):
+            tensors.append(call.tensor("b"))
+    if len(tensors) > 2:
+        raise call.error("takes one or two operands; write a product of more as two einsums",
+                         at="a")  # fmt: skip
+    terms, output = _einsum_terms(call, len(tensors))
+    sizes: dict[str, Dim] = {}
+    for t, term in zip(tensors, terms, strict=True):
+        if len(term) != t.type.rank:
+            raise call.error(
+                f"the term {term!r} names {len(term)} axes of a tensor of {t.type.rank}: "
+                f"{dims_text(t.type.dims)}",
+                at="subscripts",
+            )
+        for c, d in zip(term, t.type.dims, strict=True):
+            if c in sizes:
+                call.same_dim(
+                    d, sizes[c],
+                    lambda c=c, d=d: f"{c!r} is {sizes[c]} in one operand and {d} in another",
+                    f"einsum size of {c}", ("a", "b"),
+                )  # fmt: skip
+            sizes.setdefault(c, d)
+    # letters of one operand alone that the result drops: summed first
+    reduced = []
+    for k, (t, term) in enumerate(zip(tensors, terms, strict=True)):
+        others = "".join(u for j, u in enumerate(terms) if j != k) + output
+        alone = tuple(i for i, c in enumerate(term) if c not in others)
+        if alone:
+            t = _then(call, "sum", t, alone, False)
+            term = "".join(c for c in term if c in others)
+        reduced.append((t, term))
+    if len(reduced) == 1:
+        x, term = reduced[0]
+        return _in_order(call, x, term, output)
+    (a, ta), (b, tb) = reduced
+    batch = "".join(c for c in ta if c in tb and c in output)
+    inner = "".join(c for c in ta if c in tb and c not in output)
+    left = "".join(c for c in ta if c not in tb)
+    right = "".join(c for c in tb if c not in ta)
+    if not inner:  # an outer or elementwise product: a broadcasting mul
+        a = _in_order(call, a, ta, batch + left)
+        b = _in_order(call, b, tb, batch + right)
+        a = _reshaped(call, a, (*a.type.dims, *(_ONE,) * len(right)))
+        b = _reshaped(call, b, (*b.type.dims[: len(batch)], *(_ONE,) * len(left),
+                                *b.type.dims[len(batch) :]))  # fmt: skip
+        product = _then(call, "mul", a, b)
+    else:
+        batch_dims = tuple(sizes[c] for c in batch)
+        a = _reshaped(call, _in_order(call, a, ta, batch + left + inner),
+                      (*batch_dims, _merged(sizes, left), _merged(sizes, inner)))  # fmt: skip
+        b = _reshaped(call, _in_order(call, b, tb, batch + inner + right),
+                      (*batch_dims, _merged(sizes, inner), _merged(sizes, right)))  # fmt: skip
+        product = _then(call, "matmul", a, b)
+        product = _reshaped(call, product, (*batch_dims, *(sizes[c] for c in left + right)))
+    return _in_order(call, product, batch + left + right, output)
