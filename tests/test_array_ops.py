@@ -168,6 +168,17 @@ CASES: dict[str, Case] = {
     "einsum_mixed": ('a: Tensor[5, "R", 19, f32], b: Tensor[19, 4, 3, f32]', '4, 5, f32',
                      'einsum("ijk,klm->li", a, b)', lambda a, b: np.einsum("ijk,klm->li", a, b),
                      ((5, R, 19), (19, 4, 3))),
+    "cumsum_rows": ('x: Tensor["R", "C", f32]', '"R", "C", f32', "cumsum(x, axis=-1)",
+                    lambda x: np.cumsum(x, -1), ((R, C),)),
+    "cumsum_columns": ('x: Tensor["R", "C", bf16]', '"R", "C", bf16', "x.cumsum(dim=0)",
+                       lambda x: np.cumsum(x, 0).astype(ml_dtypes.bfloat16).astype(np.float64),
+                       ((R, C),)),
+    "cumsum_flat": ('x: Tensor["R", 3, f32]', '"R*3", f32', "cumsum(x)",
+                    lambda x: np.cumsum(x), ((R, 3),)),
+    "cumsum_ints": ('x: Tensor["R", "C", f32]', '"R", "C", i32',
+                    "cumsum(cast(x * 100.0, i32), axis=1)",
+                    lambda x: np.cumsum((x.astype(np.float32) * np.float32(100)).astype(np.int32),
+                                        1, dtype=np.int32), ((R, C),)),
 }  # fmt: skip
 
 
@@ -226,7 +237,9 @@ def _check(have: np.ndarray, want: np.ndarray, rtol: float = 1e-6) -> None:
 def _tolerance(name: str) -> float:
     """Exact copies and index arithmetic to the last bit; a loss to f32's rounding of a
     log-softmax and its sums."""
-    return 2e-5 if name.startswith(("cross_entropy", "einsum")) else 1e-6
+    if name == "cumsum_columns":  # a bf16 result: to its rounding
+        return 8e-3
+    return 2e-5 if name.startswith(("cross_entropy", "einsum", "cumsum")) else 1e-6
 
 
 #: The targets: the CPU, OpenCL and CUDA on the simulated GPU here, the rest exhaustive.
@@ -248,7 +261,10 @@ def built(request: pytest.FixtureRequest) -> Any:
 def test_op_matches_numpy(built: Any, name: str) -> None:
     inputs, want = _expected(name)
     integer = np.issubdtype(want.dtype, np.integer)
-    poison = np.full(want.shape, 12345 if integer else np.nan, np.int32 if integer else np.float32)
+    dtype = np.int32 if integer else np.float32
+    if CASES[name][1].endswith("bf16"):
+        dtype = ml_dtypes.bfloat16
+    poison = np.full(want.shape, 12345 if integer else np.nan, dtype)
     have = getattr(built, f"of_{name}")(*inputs, out=poison)
     _check(np.asarray(have), want, _tolerance(name))
 
@@ -259,8 +275,10 @@ def test_op_matches_numpy(built: Any, name: str) -> None:
 #: ``flatten``, the gathers' indices), the joins, whose library ``pad`` kernel reads its
 #: row as a view of the tensor joined, and the gathers along the first axis, which
 #: read the table through a transpose. (``einsum_sums`` sums columns; ``einsum_outer``
-#: reads a vector as a view of one column.)
-INTERPRETER_LACKS = frozenset({"all_columns", "any_every_axis", "einsum_sums", "einsum_outer"}) | {
+#: reads a vector as a view of one column; ``cumsum_flat`` reads its input flattened.)
+INTERPRETER_LACKS = frozenset(
+    {"all_columns", "any_every_axis", "einsum_sums", "einsum_outer", "cumsum_flat"}
+) | {
     n for n in CASES
     if n.startswith(("concat", "stack", "squeeze", "flatten", "take", "embedding", "cross"))
 }  # fmt: skip
@@ -412,6 +430,10 @@ BAD = {
         "def f(a: Tensor[4, 3, f32], b: Tensor[5, 2, f32]) -> Tensor[4, 2, f32]:\n"
         "    return einsum('ij,jk->ik', a, b)\n",
         2, "einsum: 'j' is 3 in one operand and 5 in another",
+    ),
+    "cumsum of axes": (
+        "def f(x: Tensor[4, 4, f32]) -> Tensor[4, 4, f32]:\n    return cumsum(x, axis=(0, 1))\n",
+        2, "cumsum: takes one axis",
     ),
     "einsum ellipsis": (
         "def f(x: Tensor[4, 4, f32]) -> Tensor[4, 4, f32]:\n    return einsum('...ij->...ji', x)\n",

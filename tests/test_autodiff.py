@@ -204,6 +204,10 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
             torch.einsum("bij->j", a),
         ),
     ),
+    "running_sums": (
+        (("x", "RC"),),
+        lambda x: (x.cumsum(-1) * x, x.cumsum(0)),
+    ),
 }
 
 #: The parameters each ``F_vjp`` differentiates, where not every float tensor.
@@ -451,6 +455,8 @@ COMPOSITE = {
     "cross_entropy": ("cast", "log_softmax", "not_equal", "where", "reshape", "take_along_axis",
                       "neg", "mean", "add", "mul", "sum", "div"),
     "einsum": ("sum", "transpose", "reshape", "mul", "matmul"),
+    "cumsum": ("reshape", "cast", "transpose", "index_along", "sub", "greater_equal", "where",
+               "matmul"),
     "any": ("not_equal", "cast", "max", "greater"), "all": ("not_equal", "cast", "neg", "max",
     "greater"),
 }  # fmt: skip

@@ -855,3 +855,38 @@ def _einsum(call: OpCall) -> object:
         product = _then(call, "matmul", a, b)
         product = _reshaped(call, product, (*batch_dims, *(sizes[c] for c in left + right)))
     return _in_order(call, product, batch + left + right, output)
+
+
+# -------------------------------------------------------------------- running sums
+
+
+@register("cumsum", P("x"), P("axis", None), P("dim", None, keyword_only=True))
+def _cumsum(call: OpCall) -> object:
+    """The running sums along ``axis`` (``dim`` is PyTorch's name), as numpy's and
+    PyTorch's ``cumsum``: element ``i`` is the sum of elements ``0..i``; without an axis,
+    of ``x`` flattened (numpy's). Same shape and dtype (an i32 stays i32, where numpy and
+    PyTorch widen to int64; integers are exact below 2**24). It is a product with a
+    triangle of ones, ``x @ triu(ones((n, n)))`` along the axis in f32, so it runs on
+    every backend's product kernels and differentiates as a product (the reversed
+    running sums of the cotangent); it costs ``n`` times a sum's work and an ``[n, n]``
+    matrix of memory, so it suits axes of up to a few thousand elements. Also a
+    method."""
+    x = call.tensor("x")
+    if is_mask(x):
+        raise call.error(f"{call.ev('x').text} is a mask; cast it first", at="x")
+    axis = _axis_argument(call, max(x.type.rank, 1))
+    if isinstance(axis, tuple):
+        raise call.error("takes one axis", at="axis" if call.given("axis") else "dim")
+    dtype = x.type.dtype
+    if axis is None or x.type.rank == 0:
+        x = _reshaped(call, x, (math.prod(x.type.dims, start=_ONE),))
+        axis = 0
+    rank, n = x.type.rank, x.type.dims[axis]
+    perm = (*(k for k in range(rank) if k != axis), axis)
+    moved = _then(call, "transpose", _as_dtype(call, x, F32), perm)
+    square = (n, n)
+    above = _then(call, "sub", indices_of(call, square, 1), indices_of(call, square, 0))
+    ones = _then(call, "where", _then(call, "greater_equal", above, 0.0), 1.0, 0.0)
+    summed = _then(call, "matmul", moved, ones)
+    back = tuple(perm.index(k) for k in range(rank))
+    return _as_dtype(call, _then(call, "transpose", summed, back), dtype)
