@@ -11,7 +11,10 @@ differentiable ones are in ``test_autodiff.py`` (cases ``shapes``, ``joins`` and
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -19,10 +22,15 @@ import numpy as np
 import pytest
 
 import tessera
+from tessera.transpiler.target.nvrtc import build
 from tessera.transpiler.tile.interpret import run_function
 
 from .everywhere import every_target_beyond, load_everywhere
 from .test_autodiff import assert_one_error
+from .test_cpu import COMPILERS, STRICT
+from .test_cuda import NVCC, _nvcc, needs_nvrtc
+from .test_hip import HIPCC, _hipcc_warning_free
+from .test_sycl import check_syntax, needs_sycl_headers
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -445,3 +453,77 @@ BAD = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_input_is_an_error_at_its_line(case: str) -> None:
     assert_one_error(*BAD[case])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_cpu_code_compiles_warning_free(compiler: str, tmp_path: Path) -> None:
+    """g++ and clang++ with -Wall -Wextra -Werror: a kernel that reads no input
+    (``arange``'s, the fills') included."""
+    if shutil.which(compiler) is None:
+        pytest.skip(f"needs {compiler}")
+    (tmp_path / "k.cpp").write_text(tessera.compile(SOURCE, "ops.tsr", target="cpu").source)
+    done = subprocess.run([compiler, *STRICT, *COMPILERS[compiler], "k.cpp"],
+                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0 and not done.stderr, done.stderr
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_80"), ("cuda", "sm_90a"),
+                                              ("hip", "gfx90a")])  # fmt: skip
+def test_gpu_code_compiles_warning_free(target: str, arch: str, tmp_path: Path) -> None:
+    """nvcc and hipcc, every warning an error."""
+    if target == "cuda":
+        if NVCC is None:
+            pytest.skip("needs nvcc (the CUDA toolkit)")
+        _nvcc("ops.tsr", arch, tmp_path, SOURCE)
+    else:
+        if HIPCC is None:
+            pytest.skip("needs hipcc (apt-get install hipcc)")
+        _hipcc_warning_free(tessera.compile(SOURCE, "ops.tsr", target="hip").source, tmp_path)
+
+
+@pytest.mark.compile
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_nvrtc_builds_the_cuda_code(arch: str) -> None:
+    """NVRTC, as the runtime builds the file: a warning in ptxas's report fails too."""
+    program = tessera.compile(SOURCE, "ops.tsr", target="cuda", arch=arch)
+    built = build(program.source, arch, program.ir("meta")["build"]["options"])
+    assert built.cubin and "warning" not in built.report.lower(), built.report
+
+
+@pytest.mark.compile
+@needs_sycl_headers
+def test_sycl_code_compiles_warning_free(tmp_path: Path) -> None:
+    check_syntax({"ops": tessera.compile(SOURCE, "ops.tsr", target="sycl").source}, tmp_path)
+
+
+def _kernels(source: str) -> list[str]:
+    """The kinds of the kernels of the file's one function."""
+    (function,) = tessera.compile(source, "fused.tsr", until="graph").ir("graph").functions
+    return [g.kind for g in function.groups]
+
+
+def test_compositions_fuse_as_their_ops_do() -> None:
+    """Broadcasts, fills, ranges and triangles are elementwise math that one kernel
+    computes where it reads them, with no kernel of their own (a value of fewer dims than
+    the kernel's, ``arange(C)`` added to ``[R, C]``, is a kernel of its own, as ``exp(b)``
+    of ``b [C]`` is); a join is a pad per tensor, the adds fused into them (and a zeros
+    that gives the pads their row length); a batched einsum is one product."""
+    elementwise = """\
+def f(x: Tensor["R", "C", f32], b: Tensor["C", f32]) -> Tensor["R", "C", f32]:
+    m = tril(x) + triu(x, 1) * broadcast_to(b, x.shape) + zeros(x.shape) + full(x.shape, 2.0)
+    return m * x
+"""
+    assert _kernels(elementwise) == ["elementwise"]
+    joined = """\
+def f(a: Tensor["R", "C", f32], b: Tensor["R", 3, f32]) -> Tensor["R", "C+3", f32]:
+    return concat([a, b], axis=-1)
+"""
+    assert _kernels(joined) == ["elementwise", "reduction", "reduction"]  # the add fused
+    product = """\
+def f(a: Tensor[3, "R", 8, f32], b: Tensor[3, 8, "C", f32]) -> Tensor[3, "R", "C", f32]:
+    return einsum("bij,bjk->bik", a, b)
+"""
+    assert len(_kernels(product)) == 1

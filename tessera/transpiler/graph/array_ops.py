@@ -1,13 +1,15 @@
-"""NumPy's and PyTorch's array vocabulary: shapes, creation, joining, triangles, truth.
+"""NumPy's and PyTorch's array vocabulary: shapes, creation, joins, triangles, truth,
+gathers, losses, ``einsum`` and running sums.
 
 ``squeeze``, ``unsqueeze`` (``expand_dims``), ``flatten``, ``broadcast_to`` (``expand``),
 ``zeros``, ``ones``, ``full``, ``arange``, ``concat`` (``concatenate``, ``cat``),
-``stack``, ``tril``, ``triu``, ``any`` and ``all``. Each is a composition: its rule
-checks the call, then emits graph ops that exist (views, ``where``, the library's
-``pad``) through their own rules, so that every backend, fusion and autodiff get it
-with no kernel of its own. The one op added for them is an ``index_along`` with no
-operand: the index of each element of a result of a given shape, which ``arange``, the
-fills and the triangles are made of.
+``stack``, ``tril``, ``triu``, ``any``, ``all``, ``take`` (``w[ids]``), ``embedding``,
+``cross_entropy``, ``einsum`` and ``cumsum``. Each is a composition: its rule checks the
+call, then emits graph ops that exist (views, ``where``, ``matmul``, the library's
+``pad`` and ``take_along_axis``) through their own rules, so that every backend, fusion
+and autodiff get it with no kernel of its own. The one op added for them is an
+``index_along`` with no operand: the index of each element of a result of a given
+shape, which ``arange``, the fills, the broadcasts and the triangles are made of.
 """
 
 from __future__ import annotations
@@ -112,8 +114,9 @@ def shape_argument(call: OpCall, name: str, keep: bool = False) -> tuple[Dim | N
                 )
         else:
             dim = item
-        if dim.constant is not None and dim.constant < (0 if not keep else 1):
-            raise call.error(f"sizes are not negative, not {dim.constant}", at=name)
+        least = 1 if keep else 0  # a broadcast stretches an axis of 1, never to 0
+        if dim.constant is not None and dim.constant < least:
+            raise call.error(f"sizes are at least {least}, not {dim.constant}", at=name)
         if not dim.is_integral:
             raise call.error(f"the size {dim} is not a whole number", at=name)
         dims.append(dim)
@@ -145,6 +148,14 @@ def _everywhere(call: OpCall, dims: tuple[Dim, ...]) -> Value:
     """A mask of ``dims`` true everywhere: the broadcast that ``where`` makes of its
     operands."""
     return _then(call, "equal", _zeros(call, dims), 0.0)
+
+
+def _broadcast_value(call: OpCall, x: Value, dims: tuple[Dim, ...]) -> Value:
+    """``x`` (not a mask) broadcast to ``dims``, which it broadcasts to: ``where`` of a mask
+    of ``dims`` true everywhere, which ``where``'s gradient sums back."""
+    if tuple(dims) == tuple(x.type.dims):
+        return x
+    return _then(call, "where", _everywhere(call, dims), x, x)
 
 
 # -------------------------------------------------------------------- shapes
@@ -266,12 +277,9 @@ def _broadcast(call: OpCall, x: Value, name: str) -> Value:
                 f"broadcast_to size {have} == {want}", ("x",),
             )  # fmt: skip
         out.append(want)
-    if tuple(out) == tuple(dims):
-        return x
-    everywhere = _everywhere(call, tuple(out))
-    if is_mask(x):
-        return _then(call, "logical_and", everywhere, x)
-    return _then(call, "where", everywhere, x, x)
+    if is_mask(x) and tuple(out) != tuple(dims):
+        return _then(call, "logical_and", _everywhere(call, tuple(out)), x)
+    return _broadcast_value(call, x, tuple(out))
 
 
 @register("broadcast_to", P("x"), P("shape"))
@@ -635,13 +643,6 @@ def _take(call: OpCall) -> object:
     index = _broadcast_value(call, _reshaped(call, indices, column), spread)
     picked = _then(call, "take_along_axis", x, index, axis)
     return _reshaped(call, picked, (*dims[:axis], *indices.type.dims, *dims[axis + 1 :]))
-
-
-def _broadcast_value(call: OpCall, x: Value, dims: tuple[Dim, ...]) -> Value:
-    """``x`` broadcast to ``dims`` (which it broadcasts to)."""
-    if tuple(dims) == tuple(x.type.dims):
-        return x
-    return _then(call, "where", _everywhere(call, dims), x, x)
 
 
 @register("embedding", P("input"), P("weight"))
