@@ -9,6 +9,7 @@ compared in float64 with the tolerance of f32 arithmetic.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -263,7 +264,8 @@ def _vjp(lib: Any, name: str, inputs: dict, cotangents: tuple) -> tuple[np.ndarr
 @needs_gxx
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_vjp_matches_torch_and_finite_differences(lib: Any, name: str) -> None:
-    rng = np.random.default_rng(sorted(CASES).index(name))
+    # seeded by the name, so that a case added does not change the others' inputs
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     inputs = _inputs(name, rng)
     outputs = _tuple(getattr(lib, name)(*inputs.values()))
     cotangents = tuple(rng.standard_normal(o.shape).astype(np.float32) for o in outputs)
