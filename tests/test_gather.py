@@ -174,7 +174,7 @@ HEAD = '@kernel\ndef f(x: Tensor["N", "C", f32], i: {index}) -> Tensor["N", 1, f
         ('Tensor["N", 1, i32]', "x[:, i]",
          "3:17: error: an index or a slice bound is an integer or a size, not tensor<[N, 1], "
          "i32> (a gather by a tensor's values, x[i, labels[i]], is take_along_axis(x, labels, "
-         "axis=-1))"),
+         "axis=-1); rows by integer ids, w[ids], are take(w, ids, axis=0))"),
     ],
 )  # fmt: skip
 def test_wrong_indices_are_errors_at_the_call(index: str, body: str, message: str) -> None:

@@ -18,6 +18,7 @@ from ..frontend import ast
 from ..frontend.diagnostics import Note, did_you_mean
 from ..frontend.printer import print_expr
 from ..frontend.source import Span
+from .array_ops import MASK_READERS
 from .custom_rules import CheckpointRef, checkpoint_ref, checkpointed
 from .differentiate import grad_ref, gradient_of
 from .dims import Dim, DimSyntaxError, parse_dim
@@ -77,8 +78,10 @@ BUILTINS = (
     "float", "int", "range", "dict", "Schedule", "device", "prefetch", "grad", "value_and_grad",
     "checkpoint",
 )  # fmt: skip
-#: The ops that read a mask: ``where`` its ``cond``, and ``cast``.
-_READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values()})
+#: The ops that read a mask: ``where`` its ``cond``, ``cast``, the ops of masks, ``any``
+#: and ``all``, and the views and broadcasts of ``array_ops``.
+_READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values(),
+                         *MASK_READERS})  # fmt: skip
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod",
           "**": "pow"}  # fmt: skip
 #: Graph ops that are methods of a tensor too, as in NumPy and PyTorch: ``x.sum(axis=0)``
@@ -90,7 +93,8 @@ _METHODS = (
     "sin", "cos", "clamp", "pow", "sum", "max", "min", "mean", "softmax", "softmax_safe",
     "log_softmax", "logsumexp_safe", "floor", "ceil", "exp2", "log2", "log1p", "expm1", "erf",
     "tan", "clip", "square", "reciprocal", "sign", "isnan", "isinf", "isfinite", "logsumexp",
-    "var", "std", "argmax", "argmin",
+    "var", "std", "argmax", "argmin", "squeeze", "unsqueeze", "flatten", "broadcast_to", "expand",
+    "tril", "triu", "any", "all", "take", "cumsum",
 )  # fmt: skip
 
 
@@ -102,8 +106,6 @@ _AXIS_METHODS = {"transpose": "transpose()", "permute": "permute()"}
 #: What to write instead of a tensor method that PyTorch or NumPy code has and a
 #: tensor here does not: each one's hint in the error.
 _METHOD_HINTS = {
-    "unsqueeze": "x[:, None], with None where the new axis goes",
-    "flatten": "x.reshape(-1)",
     "float": "x.to(f32)",
     "half": "x.to(f16)",
     "bfloat16": "x.to(bf16)",
@@ -238,6 +240,8 @@ class Evaluator:
                 values.append(v.dim)
             elif isinstance(v, Value) and isinstance(node, ast.TupleExpr):
                 return tuple(i.value for i in items)
+            elif isinstance(v, Value) and all(isinstance(i.value, Value) for i in items):
+                return [i.value for i in items]  # [a, b], which concat and stack take
             else:
                 raise SemanticError(
                     f"a list or tuple here holds constants and sizes, not {describe(v)}", item.span
@@ -670,6 +674,9 @@ class Evaluator:
         tensor's axis (``_sliced``), and an integer one element of it, without the axis:
         ``x[:, -1]`` is ``x[:, -1:]`` reshaped."""
         rank = v.type.rank
+        gathered = self._gathered(node, v)
+        if gathered is not None:
+            return gathered
         if sum(isinstance(item, ast.EllipsisLit) for item in node.index) > 1:
             raise SemanticError("an index has at most one '...'", node.span)
         named = [i for i in node.index if not isinstance(i, (ast.NoneLit, ast.EllipsisLit))]
@@ -720,6 +727,30 @@ class Evaluator:
         if isinstance(result, TensorType):
             result = TensorType(result.dims, result.dtype)
         return self._runtime(node.span).emit(kind, (v,), (result,), attrs, (), node.span)[0]
+
+    def _gathered(self, node: ast.Subscript, v: Value) -> Value | None:
+        """``w[ids]`` (``w[ids, :]``) of a tensor by an integer tensor: numpy's indexing by an
+        integer array on the first axis, ``take(w, ids, axis=0)`` (an embedding's rows).
+        None where the first item is not an integer tensor, or other items are not ``:``."""
+        first, rest = node.index[0], node.index[1:]
+        if isinstance(first, (ast.Slice, ast.NoneLit, ast.EllipsisLit)) or isinstance(
+            v.type, TileType
+        ):
+            return None
+        whole = all(isinstance(i, ast.Slice) and i.lower is i.upper is i.step is None for i in rest)
+        ids = self.eval(first)
+        is_index = isinstance(ids.value, Value) and isinstance(ids.value.type, TensorType)
+        if not is_index or ids.value.type.dtype.kind != "int":
+            return None
+        if not whole:
+            raise SemanticError(
+                "indexing by an integer tensor takes whole rows: w[ids] or w[ids, :] "
+                "(take(w, ids, axis=k) for another axis)",
+                node.span,
+            )
+        base = Ev(v, node.value.span, node.value)
+        keywords = [("axis", Ev(Const(0), node.span, "0"), node.span)]
+        return self.call_op(GRAPH_OPS["take"], [base, ids], keywords, node.span, print_expr(node))
 
     def _sliced(self, x: Value, bounds: dict[int, tuple[Dim, Dim, Span]], span: Span) -> Value:
         """``x[..., a:b]``, ``x[:, :T]``: elements ``[a, b)`` along each sliced axis. A view:
@@ -784,7 +815,8 @@ class Evaluator:
         gather = ""
         if isinstance(ev.value, Value) and isinstance(ev.value.type, TensorType):
             gather = " (a gather by a tensor's values, x[i, labels[i]], is "
-            gather += "take_along_axis(x, labels, axis=-1))"
+            gather += "take_along_axis(x, labels, axis=-1); rows by integer ids, w[ids], "
+            gather += "are take(w, ids, axis=0))"
         raise SemanticError(
             f"an index or a slice bound is an integer or a size, not {describe(ev.value)}" + gather,
             ev.span,
@@ -816,9 +848,12 @@ class Evaluator:
         one_dim = len(node.args) == 1 and not isinstance(
             node.args[0], (ast.TupleExpr, ast.ListExpr, ast.Name)
         )
-        if method and callee.value.name == "reshape" and (len(node.args) > 1 or one_dim):
+        if method and (
+            (callee.value.name == "reshape" and (len(node.args) > 1 or one_dim))
+            or (callee.value.name == "expand" and len(node.args) > 1)
+        ):
             # x.reshape(S, H, D), as in PyTorch, is x.reshape((S, H, D)); x.reshape("N")
-            # is x.reshape(("N",))
+            # is x.reshape(("N",)); x.expand(4, -1) is x.expand((4, -1))
             dims = ast.TupleExpr(tuple(node.args), span=node.args[0].span.to(node.args[-1].span))
             node = dataclasses.replace(node, args=(dims,))
         args = [self.operand(a) for a in node.args]

@@ -648,7 +648,8 @@ def _as_ev(call: OpCall, value: Any) -> Ev:
     if isinstance(value, Ev):
         return value
     if isinstance(value, Value):
-        return Ev(value, call.span, value.name or call.ev("x").text)
+        shown = call.ev("x").text if call.given("x") else call.shown
+        return Ev(value, call.span, value.name or shown)
     if isinstance(value, DType):
         return Ev(DTypeRef(value), call.span, str(value))
     return Ev(value if isinstance(value, Const) else Const(value), call.span, repr(value))
@@ -1775,4 +1776,5 @@ def _shape_arg(call: OpCall, name: str) -> tuple[Dim | None, ...]:
     return tuple(dims)
 
 
+from . import array_ops as _array_ops  # noqa: E402,F401  (registers shapes, fills, joins)
 from . import collectives as _collectives  # noqa: E402,F401  (registers the collectives)

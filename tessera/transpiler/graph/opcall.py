@@ -91,6 +91,9 @@ class Emitter(Protocol):
     #: The sizes fixed on the command line (``-D H=8``), which a dim written as a
     #: string in a call (``reshape(x, ("S", "H", "D"))``) takes as a declaration does.
     defines: dict[str, int]
+    #: The sizes the parameters' types name, by name: a shape written in a call
+    #: (``zeros(("N", 4))``) may use them.
+    dims: dict[str, Dim]
 
     def emit(
         self,

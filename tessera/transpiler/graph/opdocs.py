@@ -49,8 +49,16 @@ The unary math, `clamp` and `clip`, `pow`, `square`, `reciprocal`, `sign`, `isna
 `logsumexp` are methods too, as in NumPy and PyTorch: `x.sum(axis=0)` is `sum(x, axis=0)`,
 `x.abs().max()` is `max(abs(x))`, `x.var(axis=-1)` is `var(x, axis=-1)`; on a tile,
 `t.exp()` and `t.max(axis=1)` are the tile operations of those names. So are `x.T` (the
-last two axes swapped), `x.to(dtype)` and NumPy's `x.astype(dtype)` (a cast), and
-`x.reshape(dims)` and PyTorch's `x.view(dims)`.
+last two axes swapped), `x.to(dtype)` and NumPy's `x.astype(dtype)` (a cast),
+`x.reshape(dims)` and PyTorch's `x.view(dims)`, and the array vocabulary `squeeze`,
+`unsqueeze`, `flatten`, `broadcast_to`, PyTorch's `x.expand(*sizes)`, `tril`, `triu`,
+`any` and `all`.
+
+`zeros`, `ones`, `full` and `arange` take a shape or bounds, not a tensor: each element
+is computed where a kernel reads it (its index), so a fill or a range costs no memory
+unless it is returned. `concat` and `stack` take a list or tuple of tensors
+(`concat([a, b], axis=-1)`). The ops whose axis is one of the array's take PyTorch's
+`dim=` for `axis=` (`squeeze`, `unsqueeze`, `expand_dims`, `concat`, `cat`, `stack`).
 
 Shapes are written with symbolic dims: `[M, K]`. When two dims must be equal and are
 different names, or different numbers, it is an error; when one is a name and the other a

@@ -21,7 +21,7 @@ from ..check.sentinels import written_floats
 from ..graph.dims import Dim
 from ..graph.types import TensorType, in_memory
 from ..tile.ir import TileKernel, TileProgram
-from .cexpr import c_dim, param_name
+from .cexpr import c_dim, names_used, param_name
 from .entry import entry_params, kernel_sizes, symbols, written
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer
 from .simt_dialect import Dialect
@@ -92,10 +92,10 @@ def launcher(
             inputs.append((f"{const}{d.storage[t.dtype.name]}*", names[entry]))
         else:
             inputs.append((f"const {d.scalar_types[t.kind]}", names[entry]))
-    params = []
+    sizes = []  # (the declaration before its name, the name)
     for dim in symbols([t for _, t in entry_params(program)]):
         names[dim] = namer.fresh(dim, "size")
-        params.append(f"const {d.index_type} {names[dim]}")
+        sizes.append((f"const {d.index_type}", names[dim]))
     buffers = []
     for b in program.host.buffers:
         names[b.param] = namer.fresh(b.param, "buffer")
@@ -112,10 +112,12 @@ def launcher(
             launch = replace(launch, sentinel=f"kernel '{printed}' ({sentinels[kernel.name]})",
                              writes=_writes(kernel, names))  # fmt: skip
         launches.append(launch)
-    # an input that no kernel reads keeps its place in the signature, unnamed
-    read = {a for launch in launches for a in launch.args}
-    params[:0] = [f"{decl} {param_name(n, n in read)}" for decl, n in inputs]
-    return Launcher(name, program.host.function, tuple(params), tuple(buffers), tuple(launches))
+    # an input or a size that nothing reads (a function whose kernels read no input, as
+    # arange's) keeps its place in the signature, unnamed
+    f = Launcher(name, program.host.function, (), tuple(buffers), tuple(launches))
+    read = names_used(launcher_lines(f))
+    params = [f"{decl} {param_name(n, n in read)}" for decl, n in (*inputs, *sizes)]
+    return replace(f, params=tuple(params))
 
 
 def _writes(

@@ -111,6 +111,8 @@ class _Masker:
             self.binary(op)
         elif op.kind in _DIRTYING:
             self.dirtied(op)
+        elif op.kind == "index_along" and not op.operands:
+            self.created(op)
         elif op.kind in DRAWN or (len(op.operands) == 1 and len(op.results) == 1):
             self.unary(op)  # the other operands of a drawing op are scalars
         return [op]
@@ -193,6 +195,14 @@ class _Masker:
             padded = [p for p in (self._aligned(v, rank)[axis] for v in tiles) if p is not None]
             out.append(padded[0].dirty() if padded else None)
         self.pads[op.result.id] = tuple(out)
+
+    def created(self, op: Op) -> None:
+        """An op that reads no tile (``arange``'s ``index_along`` of a shape): its padding is
+        anything along each axis of its access that runs past the end."""
+        at: Access = op.attr("at")
+        self.pads[op.result.id] = tuple(
+            Pad(False, a.offset, a.extent) if needs_mask(a) else None for a in at.tile_axes
+        )
 
     def unary(self, op: Op) -> None:
         x = op.operands[0]

@@ -86,6 +86,13 @@ def run_function(
     program = next(p for p in module.programs if p.host.function == function)
     arrays: dict[str, Any] = dict(inputs)
     sizes: dict[str, int] = {}
+    # the sizes of the inputs as declared: a kernel that reads none (arange's) has them too
+    for name, declared in zip(program.host.inputs, program.host.types, strict=False):
+        given = arrays.get(name.lstrip("%"))
+        if isinstance(declared, TensorType) and np.ndim(given) == declared.rank:
+            for dim, size in zip(declared.dims, np.shape(given), strict=True):
+                if dim.symbol is not None:
+                    sizes.setdefault(dim.symbol, size)
     for kernel in program.kernels:
         _bind_sizes(kernel, arrays, sizes)
     for guard in program.host.guards:
@@ -93,9 +100,11 @@ def run_function(
         if guard.kind == "indices":  # on the values of an index tensor, as the runtime checks
             index = np.asarray(arrays[guard.tensor])
             holds = index.size == 0 or (left <= index.min() and index.max() < right)
+        elif guard.kind == "divisible":
+            holds = left % right == 0
         else:
-            holds = {"equal": left == right, "divisible": left % right == 0,
-                     "at_most": left <= right, "at_least": left >= right}[guard.kind]  # fmt: skip
+            holds = {"equal": left == right, "at_most": left <= right,
+                     "at_least": left >= right}[guard.kind]  # fmt: skip
         if not holds:
             raise TileRuntimeError(f"guard {guard} fails with {sizes}: {guard.reason}")
     for kernel in program.kernels:
@@ -368,9 +377,12 @@ class _Program:
         p = np.float32(p)
         return np.where(u >= p, x * (np.float32(1.0) / (np.float32(1.0) - p)), np.float32(0.0))
 
-    def op_index_along(self, op: Op, x: np.ndarray) -> np.ndarray:
+    def op_index_along(self, op: Op, *x: np.ndarray) -> np.ndarray:
+        """The index along an axis of each element of ``x``'s tile or, with no operand
+        (``arange``'s), of the result's tile."""
         stride, size = (int(_eval(op.attr(a), self.env)) for a in ("stride", "size"))
-        return ((self._place(op, x) // np.uint64(stride)) % np.uint64(size)).astype(np.float32)
+        tile = x[0] if x else np.empty(tuple(int(_eval(d, self.env)) for d in op.result.type.dims))
+        return ((self._place(op, tile) // np.uint64(stride)) % np.uint64(size)).astype(np.float32)
 
     def op_stochastic_cast(self, op: Op, x: np.ndarray, *_: Any) -> np.ndarray:
         _, seed = (
