@@ -145,6 +145,12 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   constexpr int BN = 32;
   constexpr int BD = 128;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
@@ -152,7 +158,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   // the last rows first: they run the most blocks
   const long long pid_m = gridDim.x - 1 - blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -160,17 +166,17 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   const float float_D = (float)(D);
   const float scale = rsqrtf(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (Q_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? Q + (((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        q_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D
             ? Q[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
@@ -178,17 +184,17 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   }
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (K_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(k_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? K + (((pid_b0 * H + pid_b1) * S + i) * D + j) : K, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          k_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < S && j + q < D ? K[((pid_b0 * H + pid_b1) * S + i) * D + j + q] : 0;
         }
       }
@@ -196,17 +202,17 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   }
   // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (V_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(v_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? V + (((pid_b0 * H + pid_b1) * S + i) * D + j) : V, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          v_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < S && j + q < D ? V[((pid_b0 * H + pid_b1) * S + i) * D + j + q] : 0;
         }
       }
@@ -218,8 +224,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -240,18 +246,18 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     if (BN*nblk + BN < S && BN*nblk + BN < BM*pid_m + BM) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BN*BD / 8; e += THREADS) {
+        const int i = e / (BD / 8);
+        const int j = e % (BD / 8) * 8;
         if (K_aligned) {
-          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? CHUNK_BYTES : 0;
           tsr_copy_async16(k_tile_smem
-              + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? K + (((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j) : K, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8
+            k_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 8 ^ i % 8) * 8
                 + (j + q) % 8] = BN*nblk + BN + i < S && j + q < D
                 ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j + q] : 0;
           }
@@ -260,18 +266,18 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     if (BN*nblk + BN < S && BN*nblk + BN < BM*pid_m + BM) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BN*BD / 8; e += THREADS) {
+        const int i = e / (BD / 8);
+        const int j = e % (BD / 8) * 8;
         if (V_aligned) {
-          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? CHUNK_BYTES : 0;
           tsr_copy_async16(v_tile_smem
-              + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? V + (((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j) : V, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8
+            v_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 8 ^ i % 8) * 8
                 + (j + q) % 8] = BN*nblk + BN + i < S && j + q < D
                 ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j + q] : 0;
           }
@@ -282,20 +288,20 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[16];
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < BD && kk < D; kk += 16) {
+    for (int kk = 0; kk < BD && kk < D; kk += MMA_K) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
-          q_tile_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128
-          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          q_tile_smem + ((wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * 128
+          + ((kk + lane / 16 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
           + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2(b_frag, k_tile_smem
-            + (((nblk) % 2 * 32 + fn * 8 + lane % 8) * 128
-            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8
+            + (((nblk) % 2 * 32 + fn * MMA_N + lane % 8) * 128
+            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * MMA_N + lane % 8) % 8) * 8
             + (kk + lane / 8 % 2 * 8) % 8));
-        tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
+        tsr_mma_m16n8k16_bf16(&dot[fn * MMA_REGS], a_frag[0], b_frag);
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
@@ -305,8 +311,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int frag = 0; frag < 4; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int t = frag * MMA_REGS + reg;
           p[t] = dot[t] * scale;
         }
       }
@@ -314,10 +320,10 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       #pragma unroll
       for (int frag = 0; frag < 4; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-          const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+          const int j = frag % 4 * MMA_N + lane % 4 * 2 + reg % 2;
+          const int t = frag * MMA_REGS + reg;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
               : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
@@ -328,8 +334,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 4; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         m_c[reg / 2] = fmaxf(m_c[reg / 2], p[t]);
       }
     }
@@ -341,8 +347,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 4; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         p[t] = exp2f((p[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
             * 1.4426950408889634f);
       }
@@ -352,8 +358,8 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 4; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         l_c[reg / 2] = l_c[reg / 2] + p[t];
       }
     }
@@ -376,34 +382,34 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] *= alpha[reg / 2];
       }
     }
     unsigned p_frag[2][4];
     #pragma unroll
-    for (int kk = 0; kk < BN; kk += 16) {
-      p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
+    for (int kk = 0; kk < BN; kk += MMA_K) {
+      p_frag[kk / MMA_K][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
           tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
-      p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
+      p_frag[kk / MMA_K][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
           tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
-      p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
+      p_frag[kk / MMA_K][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
           tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
-      p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
+      p_frag[kk / MMA_K][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
           tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
     }
-    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 16) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += MMA_K) {
       unsigned a_step[4];
       #pragma unroll
-      for (int q = 0; q < 4; ++q) a_step[q] = kk == 16 ? p_frag[1][q] : p_frag[0][q];
+      for (int q = 0; q < 4; ++q) a_step[q] = kk == 1 * MMA_K ? p_frag[1][q] : p_frag[0][q];
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
             v_tile_smem + (((nblk) % 2 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
-        tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_step, b_frag);
+            + ((fn * MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * MMA_N) % 8));
+        tsr_mma_m16n8k16_bf16(&acc[fn * MMA_REGS], a_step, b_frag);
       }
     }
   }
@@ -411,13 +417,13 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 16 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % 16 * MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
       }
       if (BM*pid_m + i < S && j0 + 1 < D
@@ -447,6 +453,12 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   constexpr int BN = 64;
   constexpr int BD = 128;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
@@ -454,38 +466,38 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (q_1_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? CHUNK_BYTES : 0;
+      tsr_copy16(Qb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? q_1 + ((pid_b0 * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        Qb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D ? q_1[(pid_b0 * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
   // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (k_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(Kb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? k + ((pid_b0 * S + i) * D + j) : k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Kb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < S && j + q < D ? k[(pid_b0 * S + i) * D + j + q] : 0;
         }
       }
@@ -493,17 +505,17 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   }
   // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (v_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(Vb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? v + ((pid_b0 * S + i) * D + j) : v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Vb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < S && j + q < D ? v[(pid_b0 * S + i) * D + j + q] : 0;
         }
       }
@@ -515,8 +527,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -537,18 +549,18 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BN*BD / 8; e += THREADS) {
+        const int i = e / (BD / 8);
+        const int j = e % (BD / 8) * 8;
         if (k_aligned) {
-          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? CHUNK_BYTES : 0;
           tsr_copy_async16(Kb_smem
-              + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? k + ((pid_b0 * S + BN*nblk + BN + i) * D + j) : k, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            Kb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            Kb_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BN*nblk + BN + i < S && j + q < D ? k[(pid_b0 * S + BN*nblk + BN + i) * D + j + q]
                 : 0;
           }
@@ -557,18 +569,18 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BN*BD / 8; e += THREADS) {
+        const int i = e / (BD / 8);
+        const int j = e % (BD / 8) * 8;
         if (v_aligned) {
-          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? CHUNK_BYTES : 0;
           tsr_copy_async16(Vb_smem
-              + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? v + ((pid_b0 * S + BN*nblk + BN + i) * D + j) : v, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            Vb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            Vb_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BN*nblk + BN + i < S && j + q < D ? v[(pid_b0 * S + BN*nblk + BN + i) * D + j + q]
                 : 0;
           }
@@ -579,20 +591,20 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < BD && kk < D; kk += 16) {
+    for (int kk = 0; kk < BD && kk < D; kk += MMA_K) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
-          Qb_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128
-          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          Qb_smem + ((wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * 128
+          + ((kk + lane / 16 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
           + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2(b_frag, Kb_smem
-            + (((nblk) % 2 * 64 + fn * 8 + lane % 8) * 128
-            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8
+            + (((nblk) % 2 * 64 + fn * MMA_N + lane % 8) * 128
+            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * MMA_N + lane % 8) % 8) * 8
             + (kk + lane / 8 % 2 * 8) % 8));
-        tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
+        tsr_mma_m16n8k16_bf16(&dot[fn * MMA_REGS], a_frag[0], b_frag);
       }
     }
     const float float_D = (float)(D);
@@ -604,10 +616,10 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       #pragma unroll
       for (int frag = 0; frag < 8; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-          const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+          const int j = frag % 8 * MMA_N + lane % 4 * 2 + reg % 2;
+          const int t = frag * MMA_REGS + reg;
           P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
               : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
         }
@@ -616,10 +628,10 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       #pragma unroll
       for (int frag = 0; frag < 8; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-          const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+          const int j = frag % 8 * MMA_N + lane % 4 * 2 + reg % 2;
+          const int t = frag * MMA_REGS + reg;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
               : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
               : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
@@ -631,8 +643,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 8; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         m_c[reg / 2] = fmaxf(m_c[reg / 2], P[t]);
       }
     }
@@ -644,8 +656,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 8; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         P[t] = exp2f((P[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
             * 1.4426950408889634f);
       }
@@ -655,8 +667,8 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 8; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         l_c[reg / 2] = l_c[reg / 2] + P[t];
       }
     }
@@ -679,36 +691,36 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] *= alpha[reg / 2];
       }
     }
     unsigned P_frag[4][4];
     #pragma unroll
-    for (int kk = 0; kk < BN; kk += 16) {
-      P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
+    for (int kk = 0; kk < BN; kk += MMA_K) {
+      P_frag[kk / MMA_K][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
           tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
-      P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
+      P_frag[kk / MMA_K][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
           tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
-      P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
+      P_frag[kk / MMA_K][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
           tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
-      P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
+      P_frag[kk / MMA_K][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
           tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
     }
-    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 16) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += MMA_K) {
       unsigned a_step[4];
       #pragma unroll
       for (int q = 0; q < 4; ++q)
-          a_step[q] = kk == 48 ? P_frag[3][q] : kk == 32 ? P_frag[2][q] : kk == 16 ? P_frag[1][q]
-          : P_frag[0][q];
+          a_step[q] = kk == 3 * MMA_K ? P_frag[3][q] : kk == 2 * MMA_K ? P_frag[2][q]
+          : kk == 1 * MMA_K ? P_frag[1][q] : P_frag[0][q];
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
             Vb_smem + (((nblk) % 2 * 64 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
-        tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_step, b_frag);
+            + ((fn * MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * MMA_N) % 8));
+        tsr_mma_m16n8k16_bf16(&acc[fn * MMA_REGS], a_step, b_frag);
       }
     }
   }
@@ -716,13 +728,13 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 16 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % 16 * MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
       }
       if (BM*pid_m + i < S && j0 + 1 < D

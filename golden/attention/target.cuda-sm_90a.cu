@@ -277,6 +277,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
   constexpr int BD = 128;
   constexpr int CONSUMERS = 256;
   constexpr int PRODUCERS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int Q_TILE_BYTES = BM*BD*2;
   constexpr int K_TILE_BYTES = BN*BD*2;
   constexpr int V_TILE_BYTES = BN*BD*2;
@@ -291,7 +298,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   // the last rows first: they run the most blocks
   const long long pid_m = gridDim.x - 1 - blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -422,8 +429,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -446,11 +453,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BD; kk += 16) {
+      for (int kk = 0; kk < BD; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
-            0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64,
-            16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192
-            + kk % 64, 16, 1024));
+            0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * WGMMA_M) * 64
+            + kk % 64, 16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384
+            + kk / 64 * 8192 + kk % 64, 16, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
@@ -461,8 +468,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         #pragma unroll
         for (int frag = 0; frag < 16; ++frag) {
           #pragma unroll
-          for (int reg = 0; reg < 4; ++reg) {
-            const int t = frag * 4 + reg;
+          for (int reg = 0; reg < MMA_REGS; ++reg) {
+            const int t = frag * MMA_REGS + reg;
             p[t] = dot[t] * scale;
           }
         }
@@ -470,10 +477,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         #pragma unroll
         for (int frag = 0; frag < 16; ++frag) {
           #pragma unroll
-          for (int reg = 0; reg < 4; ++reg) {
-            const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-            const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-            const int t = frag * 4 + reg;
+          for (int reg = 0; reg < MMA_REGS; ++reg) {
+            const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+            const int j = frag % 16 * MMA_N + lane % 4 * 2 + reg % 2;
+            const int t = frag * MMA_REGS + reg;
             p[t] = BN*nblk + j >= S ? -tsr_infinity()
                 : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
           }
@@ -484,8 +491,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       #pragma unroll
       for (int frag = 0; frag < 16; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int t = frag * MMA_REGS + reg;
           m_c[reg / 2] = fmaxf(m_c[reg / 2], p[t]);
         }
       }
@@ -497,8 +504,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       #pragma unroll
       for (int frag = 0; frag < 16; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int t = frag * MMA_REGS + reg;
           p[t] = exp2f((p[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
               * 1.4426950408889634f);
         }
@@ -508,8 +515,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       #pragma unroll
       for (int frag = 0; frag < 16; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int t = frag * MMA_REGS + reg;
           l_c[reg / 2] = l_c[reg / 2] + p[t];
         }
       }
@@ -533,27 +540,27 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       #pragma unroll
       for (int frag = 0; frag < 16; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int t = frag * MMA_REGS + reg;
           acc[t] *= alpha[reg / 2];
         }
       }
       unsigned p_frag[8][4];
       #pragma unroll
-      for (int kk = 0; kk < BN; kk += 16) {
-        p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
+      for (int kk = 0; kk < BN; kk += MMA_K) {
+        p_frag[kk / MMA_K][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
             tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
-        p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
+        p_frag[kk / MMA_K][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
             tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
-        p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
+        p_frag[kk / MMA_K][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
             tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
-        p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
+        p_frag[kk / MMA_K][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
             tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
       }
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BN; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / 16],
+      for (int kk = 0; kk < BN; kk += WGMMA_K) {
+        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / MMA_K],
             tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
       }
       tsr_wgmma_commit();
@@ -564,13 +571,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 16 * MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int t = frag * 4 + reg + half;
+          const int t = frag * MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
         }
         if (BM*pid_m + i < S && j0 + 1 < D
@@ -605,6 +612,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
   constexpr int BD = 128;
   constexpr int CONSUMERS = 256;
   constexpr int PRODUCERS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int QB_BYTES = BM*BD*2;
   constexpr int KB_BYTES = BN*BD*2;
   constexpr int VB_BYTES = BN*BD*2;
@@ -619,7 +633,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -743,8 +757,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -767,11 +781,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BD; kk += 16) {
+      for (int kk = 0; kk < BD; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
-            0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16,
-            1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16,
-            1024));
+            0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * WGMMA_M) * 64 + kk % 64,
+            16, 1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64,
+            16, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
@@ -784,10 +798,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         #pragma unroll
         for (int frag = 0; frag < 16; ++frag) {
           #pragma unroll
-          for (int reg = 0; reg < 4; ++reg) {
-            const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-            const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-            const int t = frag * 4 + reg;
+          for (int reg = 0; reg < MMA_REGS; ++reg) {
+            const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+            const int j = frag % 16 * MMA_N + lane % 4 * 2 + reg % 2;
+            const int t = frag * MMA_REGS + reg;
             P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
                 : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
           }
@@ -796,10 +810,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         #pragma unroll
         for (int frag = 0; frag < 16; ++frag) {
           #pragma unroll
-          for (int reg = 0; reg < 4; ++reg) {
-            const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-            const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-            const int t = frag * 4 + reg;
+          for (int reg = 0; reg < MMA_REGS; ++reg) {
+            const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+            const int j = frag % 16 * MMA_N + lane % 4 * 2 + reg % 2;
+            const int t = frag * MMA_REGS + reg;
             P[t] = BN*nblk + j >= S ? -tsr_infinity()
                 : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
                 : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
@@ -811,8 +825,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       #pragma unroll
       for (int frag = 0; frag < 16; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int t = frag * MMA_REGS + reg;
           m_c[reg / 2] = fmaxf(m_c[reg / 2], P[t]);
         }
       }
@@ -824,8 +838,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       #pragma unroll
       for (int frag = 0; frag < 16; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int t = frag * MMA_REGS + reg;
           P[t] = exp2f((P[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
               * 1.4426950408889634f);
         }
@@ -835,8 +849,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       #pragma unroll
       for (int frag = 0; frag < 16; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int t = frag * MMA_REGS + reg;
           l_c[reg / 2] = l_c[reg / 2] + P[t];
         }
       }
@@ -859,27 +873,27 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       #pragma unroll
       for (int frag = 0; frag < 16; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int t = frag * MMA_REGS + reg;
           acc[t] *= alpha[reg / 2];
         }
       }
       unsigned P_frag[8][4];
       #pragma unroll
-      for (int kk = 0; kk < BN; kk += 16) {
-        P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
+      for (int kk = 0; kk < BN; kk += MMA_K) {
+        P_frag[kk / MMA_K][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
             tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
-        P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
+        P_frag[kk / MMA_K][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
             tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
-        P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
+        P_frag[kk / MMA_K][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
             tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
-        P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
+        P_frag[kk / MMA_K][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
             tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
       }
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BN; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / 16],
+      for (int kk = 0; kk < BN; kk += WGMMA_K) {
+        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / MMA_K],
             tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
       }
       tsr_wgmma_commit();
@@ -890,13 +904,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 16 * MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int t = frag * 4 + reg + half;
+          const int t = frag * MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
         }
         if (BM*pid_m + i < S && j0 + 1 < D

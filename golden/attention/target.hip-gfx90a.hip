@@ -70,12 +70,19 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   constexpr int BN = 64;
   constexpr int BD = 128;
   constexpr int THREADS = 128;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 32;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 16384);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 32768);
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   __shared__ unsigned short p_stage[4224];
@@ -86,17 +93,17 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   const float float_D = (float)(D);
   const float scale = rsqrtf(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (Q_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? Q + (((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        q_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D
             ? Q[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
@@ -107,8 +114,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -127,34 +134,34 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (K_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(k_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? K + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          k_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
               ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (V_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(v_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? V + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          v_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
               ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
@@ -164,23 +171,23 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < BD && kk < D; kk += 8) {
+    for (int kk = 0; kk < BD && kk < D; kk += MMA_K) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
-          a_frag[q] = (short)q_tile_smem[(wave * 32 + lane % 32) * 128
-          + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8
-          + (kk + lane / 32 * 4 + q) % 8];
+          a_frag[q] = (short)q_tile_smem[(wave * WARP_M + lane % MMA_M) * BD
+          + ((kk + lane / MMA_M * 4 + q) / 8 ^ (wave * WARP_M + lane % MMA_M) % 8) * 8
+          + (kk + lane / MMA_M * 4 + q) % 8];
       #pragma unroll
       for (int fn = 0; fn < 2; ++fn) {
         tsr_bf16x4 b_frag;
         for (int q = 0; q < 4; ++q)
-            b_frag[q] = (short)k_tile_smem[(fn * 32 + lane % 32) * 128
-            + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            b_frag[q] = (short)k_tile_smem[(fn * MMA_N + lane % MMA_N) * BD
+            + ((kk + lane / MMA_M * 4 + q) / 8 ^ (fn * MMA_N + lane % MMA_N) % 8) * 8
+            + (kk + lane / MMA_M * 4 + q) % 8];
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[fn * 16 + reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) frag_acc[reg] = dot[fn * MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) dot[fn * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) dot[fn * MMA_REGS + reg] = frag_acc[reg];
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
@@ -190,8 +197,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       #pragma unroll
       for (int frag = 0; frag < 2; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 16; ++reg) {
-          const int t = frag * 16 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int t = frag * MMA_REGS + reg;
           p[t] = dot[t] * scale;
         }
       }
@@ -199,10 +206,10 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       #pragma unroll
       for (int frag = 0; frag < 2; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 16; ++reg) {
-          const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-          const int j = frag % 2 * 32 + lane % 32;
-          const int t = frag * 16 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + reg / 4 * 8 + lane / MMA_N * 4 + reg % 4;
+          const int j = frag % 2 * MMA_N + lane % MMA_N;
+          const int t = frag * MMA_REGS + reg;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
               : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
@@ -213,8 +220,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         m_c[reg] = fmaxf(m_c[reg], p[t]);
       }
     }
@@ -229,8 +236,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         p[t] = exp2f((p[t] - (m_c[reg] == -tsr_infinity() ? 0.0f : m_c[reg]))
             * 1.4426950408889634f);
       }
@@ -240,8 +247,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         l_c[reg] = l_c[reg] + p[t];
       }
     }
@@ -267,8 +274,8 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 4; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] *= alpha[reg];
       }
     }
@@ -276,29 +283,30 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-        const int j = frag % 2 * 32 + lane % 32;
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int i = wave * WARP_M + reg / 4 * 8 + lane / MMA_N * 4 + reg % 4;
+        const int j = frag % 2 * MMA_N + lane % MMA_N;
+        const int t = frag * MMA_REGS + reg;
         p_stage[i * 66 + j] = tsr_float_to_bf16(p[t] * beta[reg]);
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 8) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += MMA_K) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
-          a_frag[q] = (short)p_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
+          a_frag[q] = (short)p_stage[(wave * WARP_M + lane % MMA_M) * 66 + kk + lane / MMA_M * 4
+          + q];
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         tsr_bf16x4 b_frag;
         for (int q = 0; q < 4; ++q)
-            b_frag[q] = (short)v_tile_smem[(kk + lane / 32 * 4 + q) * 128
-            + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-            + (fn * 32 + lane % 32) % 8];
+            b_frag[q] = (short)v_tile_smem[(kk + lane / MMA_M * 4 + q) * BD
+            + ((fn * MMA_N + lane % MMA_N) / 8 ^ (kk + lane / MMA_M * 4 + q) % 8) * 8
+            + (fn * MMA_N + lane % MMA_N) % 8];
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) frag_acc[reg] = acc[fn * MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) acc[fn * MMA_REGS + reg] = frag_acc[reg];
       }
     }
   }
@@ -306,10 +314,10 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = frag % 4 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave * WARP_M + reg / 4 * 8 + lane / MMA_N * 4 + reg % 4;
+      const int j = frag % 4 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < S && j < D)
           out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[reg]))));
@@ -329,29 +337,36 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   constexpr int BN = 64;
   constexpr int BD = 128;
   constexpr int THREADS = 128;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 32;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 16384);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 32768);
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
   __shared__ unsigned short P_stage[4224];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (q_1_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? CHUNK_BYTES : 0;
+      tsr_copy16(Qb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? q_1 + ((pid_b0 * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        Qb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D ? q_1[(pid_b0 * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
@@ -361,8 +376,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -381,33 +396,33 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (k_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(Kb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? k + ((pid_b0 * S + BN*nblk + i) * D + j) : k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Kb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D ? k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (v_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(Vb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? v + ((pid_b0 * S + BN*nblk + i) * D + j) : v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Vb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D ? v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
@@ -416,23 +431,23 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
     float dot[32];
     for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < BD && kk < D; kk += 8) {
+    for (int kk = 0; kk < BD && kk < D; kk += MMA_K) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
-          a_frag[q] = (short)Qb_smem[(wave * 32 + lane % 32) * 128
-          + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8
-          + (kk + lane / 32 * 4 + q) % 8];
+          a_frag[q] = (short)Qb_smem[(wave * WARP_M + lane % MMA_M) * BD
+          + ((kk + lane / MMA_M * 4 + q) / 8 ^ (wave * WARP_M + lane % MMA_M) % 8) * 8
+          + (kk + lane / MMA_M * 4 + q) % 8];
       #pragma unroll
       for (int fn = 0; fn < 2; ++fn) {
         tsr_bf16x4 b_frag;
         for (int q = 0; q < 4; ++q)
-            b_frag[q] = (short)Kb_smem[(fn * 32 + lane % 32) * 128
-            + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            b_frag[q] = (short)Kb_smem[(fn * MMA_N + lane % MMA_N) * BD
+            + ((kk + lane / MMA_M * 4 + q) / 8 ^ (fn * MMA_N + lane % MMA_N) % 8) * 8
+            + (kk + lane / MMA_M * 4 + q) % 8];
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[fn * 16 + reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) frag_acc[reg] = dot[fn * MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) dot[fn * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) dot[fn * MMA_REGS + reg] = frag_acc[reg];
       }
     }
     const float float_D = (float)(D);
@@ -444,10 +459,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       #pragma unroll
       for (int frag = 0; frag < 2; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 16; ++reg) {
-          const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-          const int j = frag % 2 * 32 + lane % 32;
-          const int t = frag * 16 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + reg / 4 * 8 + lane / MMA_N * 4 + reg % 4;
+          const int j = frag % 2 * MMA_N + lane % MMA_N;
+          const int t = frag * MMA_REGS + reg;
           P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
               : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
         }
@@ -456,10 +471,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       #pragma unroll
       for (int frag = 0; frag < 2; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 16; ++reg) {
-          const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-          const int j = frag % 2 * 32 + lane % 32;
-          const int t = frag * 16 + reg;
+        for (int reg = 0; reg < MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + reg / 4 * 8 + lane / MMA_N * 4 + reg % 4;
+          const int j = frag % 2 * MMA_N + lane % MMA_N;
+          const int t = frag * MMA_REGS + reg;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
               : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
               : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
@@ -471,8 +486,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         m_c[reg] = fmaxf(m_c[reg], P[t]);
       }
     }
@@ -487,8 +502,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         P[t] = exp2f((P[t] - (m_c[reg] == -tsr_infinity() ? 0.0f : m_c[reg]))
             * 1.4426950408889634f);
       }
@@ -498,8 +513,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         l_c[reg] = l_c[reg] + P[t];
       }
     }
@@ -525,8 +540,8 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 4; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] *= alpha[reg];
       }
     }
@@ -534,29 +549,30 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-        const int j = frag % 2 * 32 + lane % 32;
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int i = wave * WARP_M + reg / 4 * 8 + lane / MMA_N * 4 + reg % 4;
+        const int j = frag % 2 * MMA_N + lane % MMA_N;
+        const int t = frag * MMA_REGS + reg;
         P_stage[i * 66 + j] = tsr_float_to_bf16(P[t] * beta[reg]);
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 8) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += MMA_K) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
-          a_frag[q] = (short)P_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
+          a_frag[q] = (short)P_stage[(wave * WARP_M + lane % MMA_M) * 66 + kk + lane / MMA_M * 4
+          + q];
       #pragma unroll
       for (int fn = 0; fn < 4; ++fn) {
         tsr_bf16x4 b_frag;
         for (int q = 0; q < 4; ++q)
-            b_frag[q] = (short)Vb_smem[(kk + lane / 32 * 4 + q) * 128
-            + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-            + (fn * 32 + lane % 32) % 8];
+            b_frag[q] = (short)Vb_smem[(kk + lane / MMA_M * 4 + q) * BD
+            + ((fn * MMA_N + lane % MMA_N) / 8 ^ (kk + lane / MMA_M * 4 + q) % 8) * 8
+            + (fn * MMA_N + lane % MMA_N) % 8];
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) frag_acc[reg] = acc[fn * MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) acc[fn * MMA_REGS + reg] = frag_acc[reg];
       }
     }
   }
@@ -564,10 +580,10 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = frag % 4 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave * WARP_M + reg / 4 * 8 + lane / MMA_N * 4 + reg % 4;
+      const int j = frag % 4 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < S && j < D)
           out[(pid_b0 * S + BM*pid_m + i) * D + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[reg]))));

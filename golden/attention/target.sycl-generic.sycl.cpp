@@ -66,11 +66,14 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   constexpr int BN = 32;
   constexpr int BD = 128;
   constexpr int THREADS = 128;
+  constexpr int TY = 8;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 8192);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   // the last rows first: they run the most blocks
@@ -80,16 +83,16 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   const float float_D = (float)(D);
   const float scale = sycl::rsqrt(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (Q_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? Q + (((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        q_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D
             ? Q[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
@@ -114,32 +117,32 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
     sycl::group_barrier(it.get_group());
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (K_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(k_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? K + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          k_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
               ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (V_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(v_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? V + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          v_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
               ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
@@ -152,11 +155,11 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
     for (int kk = 0; kk < BD && kk < D; ++kk) {
       float a_k[4], b_k[2];
       for (int r = 0; r < 4; ++r)
-          a_k[r] = tsr_bf16_to_float(q_tile_smem[(ty + r * 8) * 128
-          + (kk / 8 ^ (ty + r * 8) % 8) * 8 + kk % 8]);
+          a_k[r] = tsr_bf16_to_float(q_tile_smem[(ty + r * TY) * BD
+          + (kk / 8 ^ (ty + r * TY) % 8) * 8 + kk % 8]);
       for (int c = 0; c < 2; ++c)
-          b_k[c] = tsr_bf16_to_float(k_tile_smem[(tx + c * 16) * 128
-          + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
+          b_k[c] = tsr_bf16_to_float(k_tile_smem[(tx + c * TX) * BD
+          + (kk / 8 ^ (tx + c * TX) % 8) * 8 + kk % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
@@ -173,9 +176,9 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
       }
     } else {
       for (int r = 0; r < 4; ++r) {
-        const int i = ty + r * 8;
+        const int i = ty + r * TY;
         for (int c = 0; c < 2; ++c) {
-          const int j = tx + c * 16;
+          const int j = tx + c * TX;
           const int t = r * 2 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
               : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
@@ -236,9 +239,9 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
     }
     sycl::group_barrier(it.get_group());
     for (int r = 0; r < 4; ++r) {
-      const int i = ty + r * 8;
+      const int i = ty + r * TY;
       for (int c = 0; c < 2; ++c) {
-        const int j = tx + c * 16;
+        const int j = tx + c * TX;
         const int t = r * 2 + c;
         p_stage[i * 33 + j] = tsr_round_bf16(p[t] * beta[r]);
       }
@@ -246,10 +249,10 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
     sycl::group_barrier(it.get_group());
     for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[8];
-      for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
+      for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * TY) * 33 + kk];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = tsr_bf16_to_float(v_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
+          b_k[c] = tsr_bf16_to_float(v_tile_smem[kk * BD + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -257,9 +260,9 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   for (int r = 0; r < 4; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && j < D)
           out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j] =
@@ -280,26 +283,29 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
   constexpr int BN = 32;
   constexpr int BD = 128;
   constexpr int THREADS = 128;
+  constexpr int TY = 8;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 8192);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 16384);
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (q_1_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? CHUNK_BYTES : 0;
+      tsr_copy16(Qb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? q_1 + ((pid_b0 * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        Qb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D ? q_1[(pid_b0 * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
@@ -323,31 +329,31 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     sycl::group_barrier(it.get_group());
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (k_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(Kb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? k + ((pid_b0 * S + BN*nblk + i) * D + j) : k, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Kb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D ? k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (v_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(Vb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? v + ((pid_b0 * S + BN*nblk + i) * D + j) : v, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Vb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D ? v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
@@ -359,11 +365,11 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     for (int kk = 0; kk < BD && kk < D; ++kk) {
       float a_k[4], b_k[2];
       for (int r = 0; r < 4; ++r)
-          a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8
+          a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * TY) * BD + (kk / 8 ^ (ty + r * TY) % 8) * 8
           + kk % 8]);
       for (int c = 0; c < 2; ++c)
-          b_k[c] = tsr_bf16_to_float(Kb_smem[(tx + c * 16) * 128
-          + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
+          b_k[c] = tsr_bf16_to_float(Kb_smem[(tx + c * TX) * BD + (kk / 8 ^ (tx + c * TX) % 8) * 8
+          + kk % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
@@ -375,9 +381,9 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       for (int r = 0; r < 4; ++r) {
-        const int i = ty + r * 8;
+        const int i = ty + r * TY;
         for (int c = 0; c < 2; ++c) {
-          const int j = tx + c * 16;
+          const int j = tx + c * TX;
           const int t = r * 2 + c;
           P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
               : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
@@ -385,9 +391,9 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
       }
     } else {
       for (int r = 0; r < 4; ++r) {
-        const int i = ty + r * 8;
+        const int i = ty + r * TY;
         for (int c = 0; c < 2; ++c) {
-          const int j = tx + c * 16;
+          const int j = tx + c * TX;
           const int t = r * 2 + c;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
               : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
@@ -449,9 +455,9 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     }
     sycl::group_barrier(it.get_group());
     for (int r = 0; r < 4; ++r) {
-      const int i = ty + r * 8;
+      const int i = ty + r * TY;
       for (int c = 0; c < 2; ++c) {
-        const int j = tx + c * 16;
+        const int j = tx + c * TX;
         const int t = r * 2 + c;
         P_stage[i * 33 + j] = tsr_round_bf16(P[t] * beta[r]);
       }
@@ -459,10 +465,10 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     sycl::group_barrier(it.get_group());
     for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
       float a_k[4], b_k[8];
-      for (int r = 0; r < 4; ++r) a_k[r] = P_stage[(ty + r * 8) * 33 + kk];
+      for (int r = 0; r < 4; ++r) a_k[r] = P_stage[(ty + r * TY) * 33 + kk];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = tsr_bf16_to_float(Vb_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
+          b_k[c] = tsr_bf16_to_float(Vb_smem[kk * BD + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
       for (int r = 0; r < 4; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -470,9 +476,9 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
   for (int r = 0; r < 4; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && j < D)
           out[(pid_b0 * S + BM*pid_m + i) * D + j] =

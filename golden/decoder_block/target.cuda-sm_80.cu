@@ -142,27 +142,30 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wq_aligned = tsr_aligned16(wq) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -170,17 +173,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wq + (i * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wq[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -189,17 +192,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
@@ -207,17 +210,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wq + ((16 + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               16 + i < C && BN*pid_n + j + q < C ? wq[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -237,18 +240,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + 32 + j + q < C
                 ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
@@ -257,18 +260,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wq + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 32 + i < C && BN*pid_n + j + q < C
                 ? wq[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -280,20 +283,20 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
@@ -309,27 +312,30 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wk_aligned = tsr_aligned16(wk) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -337,17 +343,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wk + (i * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wk[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -356,17 +362,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
@@ -374,17 +380,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wk + ((16 + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               16 + i < C && BN*pid_n + j + q < C ? wk[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -404,18 +410,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + 32 + j + q < C
                 ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
@@ -424,18 +430,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wk + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 32 + i < C && BN*pid_n + j + q < C
                 ? wk[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -447,20 +453,20 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
@@ -476,27 +482,30 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wv_aligned = tsr_aligned16(wv) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -504,17 +513,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wv + (i * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wv[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -523,17 +532,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
@@ -541,17 +550,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wv + ((16 + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               16 + i < C && BN*pid_n + j + q < C ? wv[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -571,18 +580,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + 32 + j + q < C
                 ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
@@ -591,18 +600,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wv + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 32 + i < C && BN*pid_n + j + q < C
                 ? wv[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -614,20 +623,20 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
@@ -644,6 +653,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   constexpr int BN = 64;
   constexpr int BD = 64;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 32768);
@@ -651,41 +663,41 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   const bool t0_aligned = tsr_aligned16(t0) && C % 4 == 0;
   const bool t2_aligned = tsr_aligned16(t2) && C % 4 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   __shared__ float tsr_rows[2048];
   __shared__ float p_stage[8320];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BM*BD / 4; e += THREADS) {
+    const int i = e / (BD / 4);
+    const int j = e % (BD / 4) * 4;
     if (t0_aligned) {
-      const int bytes = BM*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BM*pid_m + i < S ? CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
   }
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BN*BD / 4; e += THREADS) {
+      const int i = e / (BD / 4);
+      const int j = e % (BD / 4) * 4;
       if (t2_aligned) {
-        const int bytes = i < S ? 16 : 0;
-        tsr_copy_async16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < S ? CHUNK_BYTES : 0;
+        tsr_copy_async16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t2 + (i * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < S ? t2[i * C + 64*pid_b0 + j + q] : 0;
         }
       }
@@ -693,17 +705,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   }
   // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BN*BD / 4; e += THREADS) {
+      const int i = e / (BD / 4);
+      const int j = e % (BD / 4) * 4;
       if (t4_aligned) {
-        const int bytes = i < S ? 16 : 0;
-        tsr_copy_async16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < S ? CHUNK_BYTES : 0;
+        tsr_copy_async16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t4 + (i * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < S ? t4[i * C + 64*pid_b0 + j + q] : 0;
         }
       }
@@ -731,18 +743,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 4;
+      for (int e = lid; e < BN*BD / 4; e += THREADS) {
+        const int i = e / (BD / 4);
+        const int j = e % (BD / 4) * 4;
         if (t2_aligned) {
-          const int bytes = BN*nblk + BN + i < S ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S ? CHUNK_BYTES : 0;
           tsr_copy_async16(k_tile_smem
-              + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? t2 + ((BN*nblk + BN + i) * C + 64*pid_b0 + j) : t2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4
+            k_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 4 ^ i % 8) * 4
                 + (j + q) % 4] = BN*nblk + BN + i < S
                 ? t2[(BN*nblk + BN + i) * C + 64*pid_b0 + j + q] : 0;
           }
@@ -751,18 +763,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 4;
+      for (int e = lid; e < BN*BD / 4; e += THREADS) {
+        const int i = e / (BD / 4);
+        const int j = e % (BD / 4) * 4;
         if (t4_aligned) {
-          const int bytes = BN*nblk + BN + i < S ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S ? CHUNK_BYTES : 0;
           tsr_copy_async16(v_tile_smem
-              + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? t4 + ((BN*nblk + BN + i) * C + 64*pid_b0 + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4
+            v_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 4 ^ i % 8) * 4
                 + (j + q) % 4] = BN*nblk + BN + i < S
                 ? t4[(BN*nblk + BN + i) * C + 64*pid_b0 + j + q] : 0;
           }
@@ -776,10 +788,10 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     for (int kk = 0; kk < BD; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+          a_k[r] = q_tile_smem[(ty + r * TY) * BD + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = k_tile_smem[((nblk) % 2 * 64 + tx + c * 16) * 64
-          + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
+          b_k[c] = k_tile_smem[((nblk) % 2 * BN + tx + c * TX) * BD
+          + (kk / 4 ^ (tx + c * TX) % 8) * 4 + kk % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) dot[r * 4 + c] = fmaf(a_k[r], b_k[c], dot[r * 4 + c]);
       }
@@ -797,7 +809,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     } else {
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) {
-          const int j = tx + c * 16;
+          const int j = tx + c * TX;
           const int t = r * 4 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
         }
@@ -856,9 +868,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     }
     __syncthreads();
     for (int r = 0; r < 8; ++r) {
-      const int i = ty + r * 16;
+      const int i = ty + r * TY;
       for (int c = 0; c < 4; ++c) {
-        const int j = tx + c * 16;
+        const int j = tx + c * TX;
         const int t = r * 4 + c;
         p_stage[i * 65 + j] = p[t] * beta[r];
       }
@@ -866,10 +878,10 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     __syncthreads();
     for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
       float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * 16) * 65 + kk];
+      for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * TY) * 65 + kk];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = v_tile_smem[((nblk) % 2 * 64 + kk) * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = v_tile_smem[((nblk) % 2 * BN + kk) * BD + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fmaf(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -877,9 +889,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
     }
@@ -896,27 +908,30 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool t6_aligned = tsr_aligned16(t6) && C % 4 == 0;
   const bool wo_aligned = tsr_aligned16(wo) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -924,17 +939,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wo + (i * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wo[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -943,17 +958,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((BM*pid_m + i) * C + 16 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && 16 + j + q < C ? t6[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
@@ -961,17 +976,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 16 + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wo + ((16 + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               16 + i < C && BN*pid_n + j + q < C ? wo[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -991,18 +1006,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t6_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + 32 + j + q < C
                 ? t6[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
@@ -1011,18 +1026,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wo + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 32 + i < C && BN*pid_n + j + q < C
                 ? wo[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -1034,11 +1049,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1046,9 +1061,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
@@ -1116,27 +1131,30 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_1_aligned = tsr_aligned16(h_1) && C % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && F % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -1144,17 +1162,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + (i * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < F ? w1[i * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -1163,17 +1181,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
@@ -1181,17 +1199,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 16 + i < C && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + ((16 + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               16 + i < C && BN*pid_n + j + q < F ? w1[(16 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -1211,18 +1229,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + 32 + j + q < C
                 ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
@@ -1231,18 +1249,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? 16 : 0;
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w1 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 32 + i < C && BN*pid_n + j + q < F
                 ? w1[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
           }
@@ -1254,11 +1272,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1266,9 +1284,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
@@ -1286,27 +1304,30 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_1_aligned = tsr_aligned16(h_1) && C % 4 == 0;
   const bool w3_aligned = tsr_aligned16(w3) && F % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -1314,17 +1335,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w3_aligned) {
-        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w3 + (i * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < F ? w3[i * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -1333,17 +1354,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && 16 + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
         }
       }
@@ -1351,17 +1372,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w3_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 16 + i < C && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w3 + ((16 + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               16 + i < C && BN*pid_n + j + q < F ? w3[(16 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -1381,18 +1402,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + 32 + j + q < C
                 ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
           }
@@ -1401,18 +1422,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w3_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? 16 : 0;
+          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w3 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 32 + i < C && BN*pid_n + j + q < F
                 ? w3[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
           }
@@ -1424,11 +1445,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1436,9 +1457,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t12[(BM*pid_m + i) * F + BN*pid_n + j] =
@@ -1457,27 +1478,30 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool t12_aligned = tsr_aligned16(t12) && F % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t12_aligned) {
-        const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < F ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
@@ -1485,17 +1509,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < F && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < F && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -1504,17 +1528,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (16 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t12_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && 16 + j < F ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t12 + ((BM*pid_m + i) * F + 16 + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && 16 + j + q < F ? t12[(BM*pid_m + i) * F + 16 + j + q] : 0;
         }
       }
@@ -1522,17 +1546,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (16 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = 16 + i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 16 + i < F && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((16 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               16 + i < F && BN*pid_n + j + q < C ? w2[(16 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -1552,18 +1576,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 32 < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t12_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < F ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < F ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 32 + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + 32 + j + q < F
                 ? t12[(BM*pid_m + i) * F + BK*kb + 32 + j + q] : 0;
           }
@@ -1572,18 +1596,18 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 32 < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + 32 + i < F && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 32 + i < F && BN*pid_n + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w2 + ((BK*kb + 32 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 32 + i < F && BN*pid_n + j + q < C
                 ? w2[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -1595,11 +1619,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1607,9 +1631,9 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           out[(BM*pid_m + i) * C + BN*pid_n + j] =

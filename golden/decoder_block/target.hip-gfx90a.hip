@@ -129,27 +129,35 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 2;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wq_aligned = tsr_aligned16(wq) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -157,17 +165,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wq + (i * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wq[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -178,8 +186,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -187,17 +195,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((BM*pid_m + i) * C + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? h[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -206,17 +214,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wq + ((BK*kb + BK + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < C
                 ? wq[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -224,21 +232,24 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
+            + (kk + lane / MMA_M) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
+              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -246,10 +257,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
@@ -264,27 +276,35 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 2;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wk_aligned = tsr_aligned16(wk) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -292,17 +312,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wk + (i * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wk[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -313,8 +333,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -322,17 +342,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((BM*pid_m + i) * C + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? h[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -341,17 +361,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wk + ((BK*kb + BK + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < C
                 ? wk[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -359,21 +379,24 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
+            + (kk + lane / MMA_M) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
+              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -381,10 +404,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
@@ -399,27 +423,35 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 2;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wv_aligned = tsr_aligned16(wv) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -427,17 +459,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wv + (i * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wv[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -448,8 +480,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -457,17 +489,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((BM*pid_m + i) * C + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? h[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -476,17 +508,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wv + ((BK*kb + BK + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < C
                 ? wv[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -494,21 +526,24 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
+            + (kk + lane / MMA_M) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
+              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -516,10 +551,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
@@ -535,12 +571,19 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   constexpr int BN = 32;
   constexpr int BD = 64;
   constexpr int THREADS = 128;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 32;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 2;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 16384);
   float* const v_tile_smem = (float*)(tsr_smem + 24576);
   const bool t0_aligned = tsr_aligned16(t0) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const bool t2_aligned = tsr_aligned16(t2) && C % 4 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && C % 4 == 0;
   __shared__ float p_stage[2112];
@@ -548,17 +591,17 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BM*BD / 4; e += THREADS) {
+    const int i = e / (BD / 4);
+    const int j = e % (BD / 4) * 4;
     if (t0_aligned) {
-      const int bytes = BM*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BM*pid_m + i < S ? CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
       }
     }
@@ -568,8 +611,8 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   #pragma unroll
   for (int frag = 0; frag < 2; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -588,33 +631,33 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BN*BD / 4; e += THREADS) {
+      const int i = e / (BD / 4);
+      const int j = e % (BD / 4) * 4;
       if (t2_aligned) {
-        const int bytes = BN*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BN*nblk + i < S ? CHUNK_BYTES : 0;
+        tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BN*BD / 4; e += THREADS) {
+      const int i = e / (BD / 4);
+      const int j = e % (BD / 4) * 4;
       if (t4_aligned) {
-        const int bytes = BN*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BN*nblk + i < S ? CHUNK_BYTES : 0;
+        tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
         }
       }
@@ -623,29 +666,30 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[16];
     for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < BD; kk += 2) {
-      const float a_frag = q_tile_smem[(wave * 32 + lane % 32) * 64
-          + ((kk + lane / 32) / 4 ^ (wave * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
-      const float b_frag = k_tile_smem[(lane % 32) * 64
-          + ((kk + lane / 32) / 4 ^ (lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
+    for (int kk = 0; kk < BD; kk += MMA_K) {
+      const float a_frag = q_tile_smem[(wave * WARP_M + lane % MMA_M) * BD
+          + ((kk + lane / MMA_M) / 4 ^ (wave * WARP_M + lane % MMA_M) % 8) * 4
+          + (kk + lane / MMA_M) % 4];
+      const float b_frag = k_tile_smem[(lane % MMA_N) * BD
+          + ((kk + lane / MMA_M) / 4 ^ (lane % MMA_N) % 8) * 4 + (kk + lane / MMA_M) % 4];
       tsr_floatx16 frag_acc;
-      for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[reg];
+      for (int reg = 0; reg < MMA_REGS; ++reg) frag_acc[reg] = dot[reg];
       frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-      for (int reg = 0; reg < 16; ++reg) dot[reg] = frag_acc[reg];
+      for (int reg = 0; reg < MMA_REGS; ++reg) dot[reg] = frag_acc[reg];
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
     float p[16];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
         const int t = reg;
         p[t] = dot[t] * scale;
       }
     } else {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int j = lane % 32;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int j = lane % MMA_N;
         const int t = reg;
         p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
       }
@@ -653,7 +697,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     float m_c[16];
     for (int r = 0; r < 16; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
       const int t = reg;
       m_c[reg] = fmaxf(m_c[reg], p[t]);
     }
@@ -666,14 +710,14 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 16));
     }
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
       const int t = reg;
       p[t] = exp2f((p[t] - (m_c[reg] == -tsr_infinity() ? 0.0f : m_c[reg])) * 1.4426950408889634f);
     }
     float l_c[16];
     for (int r = 0; r < 16; ++r) l_c[r] = 0.0f;
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
       const int t = reg;
       l_c[reg] = l_c[reg] + p[t];
     }
@@ -699,30 +743,31 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
     #pragma unroll
     for (int frag = 0; frag < 2; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] *= alpha[reg];
       }
     }
     __syncthreads();
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = lane % 32;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave * WARP_M + reg / 4 * 8 + lane / MMA_N * 4 + reg % 4;
+      const int j = lane % MMA_N;
       const int t = reg;
       p_stage[i * 33 + j] = p[t] * beta[reg];
     }
     __syncthreads();
-    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 2) {
-      const float a_frag = p_stage[(wave * 32 + lane % 32) * 33 + kk + lane / 32];
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += MMA_K) {
+      const float a_frag = p_stage[(wave * WARP_M + lane % MMA_M) * 33 + kk + lane / MMA_M];
       #pragma unroll
       for (int fn = 0; fn < 2; ++fn) {
-        const float b_frag = v_tile_smem[(kk + lane / 32) * 64
-            + ((fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (fn * 32 + lane % 32) % 4];
+        const float b_frag = v_tile_smem[(kk + lane / MMA_M) * BD
+            + ((fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8) * 4
+            + (fn * MMA_N + lane % MMA_N) % 4];
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) frag_acc[reg] = acc[fn * MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) acc[fn * MMA_REGS + reg] = frag_acc[reg];
       }
     }
   }
@@ -730,10 +775,10 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   #pragma unroll
   for (int frag = 0; frag < 2; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave * WARP_M + reg / 4 * 8 + lane / MMA_N * 4 + reg % 4;
+      const int j = frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[reg]);
     }
   }
@@ -749,27 +794,35 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 2;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t6_aligned = tsr_aligned16(t6) && C % 4 == 0;
   const bool wo_aligned = tsr_aligned16(wo) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -777,17 +830,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wo + (i * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wo[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -798,8 +851,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -807,17 +860,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t6_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? t6[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -826,17 +879,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wo + ((BK*kb + BK + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < C
                 ? wo[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -844,21 +897,24 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
+            + (kk + lane / MMA_M) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
+              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -867,10 +923,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
           ((x[(BM*pid_m + i) * C + BN*pid_n + j]) + acc[t]);
@@ -937,27 +994,35 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 2;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_1_aligned = tsr_aligned16(h_1) && C % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && F % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -965,17 +1030,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + (i * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < F ? w1[i * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -986,8 +1051,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -995,17 +1060,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? h_1[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -1014,17 +1079,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w1 + ((BK*kb + BK + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < F
                 ? w1[(BK*kb + BK + i) * F + BN*pid_n + j + q] : 0;
           }
@@ -1032,21 +1097,24 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
+            + (kk + lane / MMA_M) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
+              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -1055,10 +1123,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
@@ -1075,27 +1144,35 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 2;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_1_aligned = tsr_aligned16(h_1) && C % 4 == 0;
   const bool w3_aligned = tsr_aligned16(w3) && F % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -1103,17 +1180,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w3_aligned) {
-        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w3 + (i * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < F ? w3[i * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -1124,8 +1201,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1133,17 +1210,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? h_1[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -1152,17 +1229,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w3_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w3 + ((BK*kb + BK + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < F
                 ? w3[(BK*kb + BK + i) * F + BN*pid_n + j + q] : 0;
           }
@@ -1170,21 +1247,24 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
+            + (kk + lane / MMA_M) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
+              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -1193,10 +1273,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t12[(BM*pid_m + i) * F + BN*pid_n + j] =
           ((t10[(BM*pid_m + i) * F + BN*pid_n + j]) * acc[t]);
@@ -1214,27 +1295,35 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   constexpr int BN = 128;
   constexpr int BK = 16;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 2;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t12_aligned = tsr_aligned16(t12) && F % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t12_aligned) {
-        const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < F ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
@@ -1242,17 +1331,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < F && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < F && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -1263,8 +1352,8 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1272,17 +1361,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t12_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < F ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < F ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + BK + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < F
                 ? t12[(BM*pid_m + i) * F + BK*kb + BK + j + q] : 0;
           }
@@ -1291,17 +1380,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + BK + i < F && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < F && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w2 + ((BK*kb + BK + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < F && BN*pid_n + j + q < C
                 ? w2[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -1309,21 +1398,24 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
+            + (kk + lane / MMA_M) % 4];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
+              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -1332,10 +1424,11 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           out[(BM*pid_m + i) * C + BN*pid_n + j] =
           ((x_1[(BM*pid_m + i) * C + BN*pid_n + j]) + acc[t]);

@@ -182,27 +182,35 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -210,17 +218,17 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -229,17 +237,17 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
@@ -247,17 +255,17 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -269,8 +277,8 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -279,18 +287,18 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + 64 + j + q < K
                 ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
@@ -299,18 +307,18 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + 64 + i < K && BN*pid_n + j + q < N
                 ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -319,14 +327,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
         tsr_ldmatrix_x4(a_frag[fm],
-            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
+            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * WARP_M + fm * MMA_M + lane / 8 % 2 * 8
             + lane % 8) * 32 + ((kk + lane / 16 * 8)
-            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            / 8 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
             + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
@@ -334,11 +342,11 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
             b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-            + (wave % 2 * 64 + fn * 8) % 8));
+            + ((wave % 2 * WARP_N + fn * MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (wave % 2 * WARP_N + fn * MMA_N) % 8));
         #pragma unroll
         for (int fm = 0; fm < 4; ++fm)
-            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * MMA_REGS], a_frag[fm], b_frag);
       }
     }
   }
@@ -346,14 +354,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < MMA_REGS; reg += 2) {
+      const int i = wave / 2 * WARP_M + frag / 8 * MMA_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = wave % 2 * WARP_N + frag % 8 * MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
             + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
       }
@@ -381,27 +389,35 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -409,17 +425,17 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_in_aligned) {
-        const int bytes = i < D && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < D && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_in + (i * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < D && BN*pid_n + j + q < F ? W_in[i * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -428,17 +444,17 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && 32 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && 32 + j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
         }
       }
@@ -446,17 +462,17 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_in_aligned) {
-        const int bytes = 32 + i < D && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = 32 + i < D && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_in + ((32 + i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               32 + i < D && BN*pid_n + j + q < F ? W_in[(32 + i) * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -468,8 +484,8 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -478,18 +494,18 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < D ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * D + BK*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < T && BK*kb + 64 + j + q < D
                 ? x[(BM*pid_m + i) * D + BK*kb + 64 + j + q] : 0;
           }
@@ -498,18 +514,18 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (W_in_aligned) {
-          const int bytes = BK*kb + 64 + i < D && BN*pid_n + j < F ? 16 : 0;
+          const int bytes = BK*kb + 64 + i < D && BN*pid_n + j < F ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? W_in + ((BK*kb + 64 + i) * F + BN*pid_n + j) : W_in, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + 64 + i < D && BN*pid_n + j + q < F
                 ? W_in[(BK*kb + 64 + i) * F + BN*pid_n + j + q] : 0;
           }
@@ -518,14 +534,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += MMA_K) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
         tsr_ldmatrix_x4(a_frag[fm],
-            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
+            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * WARP_M + fm * MMA_M + lane / 8 % 2 * 8
             + lane % 8) * 32 + ((kk + lane / 16 * 8)
-            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            / 8 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
             + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
@@ -533,11 +549,11 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
             b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-            + (wave % 2 * 64 + fn * 8) % 8));
+            + ((wave % 2 * WARP_N + fn * MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (wave % 2 * WARP_N + fn * MMA_N) % 8));
         #pragma unroll
         for (int fm = 0; fm < 4; ++fm)
-            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * MMA_REGS], a_frag[fm], b_frag);
       }
     }
   }
@@ -545,14 +561,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < MMA_REGS; reg += 2) {
+      const int i = wave / 2 * WARP_M + frag / 8 * MMA_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = wave % 2 * WARP_N + frag % 8 * MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
             + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f))))));
       }
@@ -581,27 +597,35 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && j < F ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? h + ((BM*pid_m + i) * F + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && j + q < F ? h[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
@@ -609,17 +633,17 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_out_aligned) {
-        const int bytes = i < F && BN*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < F && BN*pid_n + j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_out + (i * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < F && BN*pid_n + j + q < D ? W_out[i * D + BN*pid_n + j + q] : 0;
         }
       }
@@ -628,17 +652,17 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T && 32 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && 32 + j < F ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? h + ((BM*pid_m + i) * F + 32 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && 32 + j + q < F ? h[(BM*pid_m + i) * F + 32 + j + q] : 0;
         }
       }
@@ -646,17 +670,17 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_out_aligned) {
-        const int bytes = 32 + i < F && BN*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = 32 + i < F && BN*pid_n + j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_out + ((32 + i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               32 + i < F && BN*pid_n + j + q < D ? W_out[(32 + i) * D + BN*pid_n + j + q] : 0;
         }
       }
@@ -668,8 +692,8 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -678,18 +702,18 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < F ? 16 : 0;
+          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < F ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? h + ((BM*pid_m + i) * F + BK*kb + 64 + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < T && BK*kb + 64 + j + q < F
                 ? h[(BM*pid_m + i) * F + BK*kb + 64 + j + q] : 0;
           }
@@ -698,18 +722,18 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (W_out_aligned) {
-          const int bytes = BK*kb + 64 + i < F && BN*pid_n + j < D ? 16 : 0;
+          const int bytes = BK*kb + 64 + i < F && BN*pid_n + j < D ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? W_out + ((BK*kb + 64 + i) * D + BN*pid_n + j) : W_out, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + 64 + i < F && BN*pid_n + j + q < D
                 ? W_out[(BK*kb + 64 + i) * D + BN*pid_n + j + q] : 0;
           }
@@ -718,14 +742,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += MMA_K) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
         tsr_ldmatrix_x4(a_frag[fm],
-            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
+            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * WARP_M + fm * MMA_M + lane / 8 % 2 * 8
             + lane % 8) * 32 + ((kk + lane / 16 * 8)
-            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            / 8 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
             + (kk + lane / 16 * 8) % 8));
       }
       #pragma unroll
@@ -733,11 +757,11 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
             b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-            + (wave % 2 * 64 + fn * 8) % 8));
+            + ((wave % 2 * WARP_N + fn * MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (wave % 2 * WARP_N + fn * MMA_N) % 8));
         #pragma unroll
         for (int fm = 0; fm < 4; ++fm)
-            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * MMA_REGS], a_frag[fm], b_frag);
       }
     }
   }
@@ -745,14 +769,14 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < MMA_REGS; reg += 2) {
+      const int i = wave / 2 * WARP_M + frag / 8 * MMA_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = wave % 2 * WARP_N + frag % 8 * MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
             ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
             + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f)))));
@@ -781,27 +805,35 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   constexpr int BN = 128;
   constexpr int BK = 64;
   constexpr int THREADS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 24576);
   const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
   const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BM*BK / 16; e += THREADS) {
+      const int i = e / (BK / 16);
+      const int j = e % (BK / 16) * 16;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BM*pid_m + i < T && j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          a_tile_smem[i * BK + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -809,17 +841,17 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BN*BK / 16; e += THREADS) {
+      const int i = e / (BK / 16);
+      const int j = e % (BK / 16) * 16;
       if (w_aligned) {
-        const int bytes = BN*pid_n + i < F && j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BN*pid_n + i < F && j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BK + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? w + ((BN*pid_n + i) * D + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          b_tile_smem[i * BK + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               BN*pid_n + i < F && j + q < D ? w[(BN*pid_n + i) * D + j + q] : 0;
         }
       }
@@ -828,17 +860,17 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   tsr_copy_commit();
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BM*BK / 16; e += THREADS) {
+      const int i = e / (BK / 16);
+      const int j = e % (BK / 16) * 16;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BM*pid_m + i < T && 64 + j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          a_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               BM*pid_m + i < T && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
         }
       }
@@ -846,17 +878,17 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (64 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BN*BK / 16; e += THREADS) {
+      const int i = e / (BK / 16);
+      const int j = e % (BK / 16) * 16;
       if (w_aligned) {
-        const int bytes = BN*pid_n + i < F && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BN*pid_n + i < F && 64 + j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BN + i) * BK + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? w + ((BN*pid_n + i) * D + 64 + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          b_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          b_tile_smem[(1 * BN + i) * BK + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               BN*pid_n + i < F && 64 + j + q < D ? w[(BN*pid_n + i) * D + 64 + j + q] : 0;
         }
       }
@@ -868,8 +900,8 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -878,18 +910,18 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 128 < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 16;
+      for (int e = lid; e < BM*BK / 16; e += THREADS) {
+        const int i = e / (BK / 16);
+        const int j = e % (BK / 16) * 16;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + 128 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < T && BK*kb + 128 + j < D ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 16 ^ i % 4) * 16 + j % 16),
               bytes ? x + ((BM*pid_m + i) * D + BK*kb + 128 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 16 ^ i % 4) * 16
                 + (j + q) % 16] = BM*pid_m + i < T && BK*kb + 128 + j + q < D
                 ? x[(BM*pid_m + i) * D + BK*kb + 128 + j + q] : 0;
           }
@@ -898,18 +930,18 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     if (BK*kb + 128 < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 16;
+      for (int e = lid; e < BN*BK / 16; e += THREADS) {
+        const int i = e / (BK / 16);
+        const int j = e % (BK / 16) * 16;
         if (w_aligned) {
-          const int bytes = BN*pid_n + i < F && BK*kb + 128 + j < D ? 16 : 0;
+          const int bytes = BN*pid_n + i < F && BK*kb + 128 + j < D ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+              + (((kb + 2) % 3 * BN + i) * BK + (j / 16 ^ i % 4) * 16 + j % 16),
               bytes ? w + ((BN*pid_n + i) * D + BK*kb + 128 + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+            b_tile_smem[((kb + 2) % 3 * BN + i) * BK + ((j + q) / 16 ^ i % 4) * 16
                 + (j + q) % 16] = BN*pid_n + i < F && BK*kb + 128 + j + q < D
                 ? w[(BN*pid_n + i) * D + BK*kb + 128 + j + q] : 0;
           }
@@ -918,65 +950,65 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
     }
     tsr_copy_commit();
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += MMA_K) {
       unsigned a_frag[4][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
         a_frag[fm][0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
-            * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64
-            + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
+            * BM + wave / 2 * WARP_M + fm * MMA_M + lane / 4) * BK
+            + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 4) % 4) * 16
             + (kk + lane % 4 * 2) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
-            + fm * 16 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 1) % 16])));
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * BM + wave / 2 * WARP_M
+            + fm * MMA_M + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 4) % 4)
+            * 16 + (kk + lane % 4 * 2 + 1) % 16])));
         a_frag[fm][1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
-            * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64
-            + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16
-            + (kk + lane % 4 * 2) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
-            + fm * 16 + lane / 4 + 8) * 64
-            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16
-            + (kk + lane % 4 * 2 + 1) % 16])));
+            * BM + wave / 2 * WARP_M + fm * MMA_M + lane / 4 + 8) * BK
+            + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 4 + 8) % 4)
+            * 16 + (kk + lane % 4 * 2) % 16])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * BM + wave / 2 * WARP_M
+            + fm * MMA_M + lane / 4 + 8) * BK
+            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 4 + 8) % 4)
+            * 16 + (kk + lane % 4 * 2 + 1) % 16])));
         a_frag[fm][2] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
-            * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 8) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
-            + fm * 16 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 8 + 1) % 16])));
-        a_frag[fm][3] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
-            * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64
-            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16
-            + (kk + lane % 4 * 2 + 8) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
-            + fm * 16 + lane / 4 + 8) * 64
-            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4)
+            * BM + wave / 2 * WARP_M + fm * MMA_M + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 4) % 4)
+            * 16 + (kk + lane % 4 * 2 + 8) % 16])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * BM + wave / 2 * WARP_M
+            + fm * MMA_M + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 4) % 4)
             * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+        a_frag[fm][3] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
+            * BM + wave / 2 * WARP_M + fm * MMA_M + lane / 4 + 8) * BK
+            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 4 + 8) % 4)
+            * 16 + (kk + lane % 4 * 2 + 8) % 16])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * BM + wave / 2 * WARP_M
+            + fm * MMA_M + lane / 4 + 8) * BK
+            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * WARP_M + fm * MMA_M + lane / 4 + 8)
+            % 4) * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
       }
       #pragma unroll
       for (int fn = 0; fn < 8; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3
-            * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64
-            + ((kk + lane % 4 * 2) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
+        b_frag[0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * BN
+            + wave % 2 * WARP_N + fn * MMA_N + lane / 4) * BK
+            + ((kk + lane % 4 * 2) / 16 ^ (wave % 2 * WARP_N + fn * MMA_N + lane / 4) % 4) * 16
             + (kk + lane % 4 * 2) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64
-            + fn * 8 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 1) % 16])));
-        b_frag[1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3
-            * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 8) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64
-            + fn * 8 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * BN + wave % 2 * WARP_N
+            + fn * MMA_N + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave % 2 * WARP_N + fn * MMA_N + lane / 4) % 4)
+            * 16 + (kk + lane % 4 * 2 + 1) % 16])));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * BN
+            + wave % 2 * WARP_N + fn * MMA_N + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave % 2 * WARP_N + fn * MMA_N + lane / 4) % 4)
+            * 16 + (kk + lane % 4 * 2 + 8) % 16])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * BN + wave % 2 * WARP_N
+            + fn * MMA_N + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave % 2 * WARP_N + fn * MMA_N + lane / 4) % 4)
+            * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
         #pragma unroll
         for (int fm = 0; fm < 4; ++fm)
-            tsr_mma_m16n8k16_f16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+            tsr_mma_m16n8k16_f16(&acc[(fm * 8 + fn) * MMA_REGS], a_frag[fm], b_frag);
       }
     }
   }
@@ -984,14 +1016,14 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < MMA_REGS; reg += 2) {
+      const int i = wave / 2 * WARP_M + frag / 8 * MMA_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = wave % 2 * WARP_N + frag % 8 * MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f))));
       }
       if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F

@@ -303,6 +303,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
   constexpr int BK = 64;
   constexpr int CONSUMERS = 256;
   constexpr int PRODUCERS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_REGS = 4;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -314,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
   unsigned long long* const tsr_free = tsr_landed + 4;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -467,8 +473,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
     #pragma unroll
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -477,9 +483,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
             1024));
       }
@@ -493,14 +499,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
     #pragma unroll
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
-          const int t = frag * 4 + reg + half;
+          const int t = frag * MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
               + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
         }
@@ -532,6 +538,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   constexpr int BK = 64;
   constexpr int CONSUMERS = 256;
   constexpr int PRODUCERS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_REGS = 4;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -543,7 +555,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   unsigned long long* const tsr_free = tsr_landed + 4;
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -699,8 +711,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -709,9 +721,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
             1024));
       }
@@ -725,14 +737,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
-          const int t = frag * 4 + reg + half;
+          const int t = frag * MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
               + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f))))));
         }
@@ -764,6 +776,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   constexpr int BK = 64;
   constexpr int CONSUMERS = 256;
   constexpr int PRODUCERS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_REGS = 4;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -775,7 +793,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   unsigned long long* const tsr_free = tsr_landed + 4;
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -931,8 +949,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -941,9 +959,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
             1024));
       }
@@ -957,14 +975,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
     #pragma unroll
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
-          const int t = frag * 4 + reg + half;
+          const int t = frag * MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
               ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
               + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f)))));
@@ -997,6 +1015,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
   constexpr int BK = 128;
   constexpr int CONSUMERS = 256;
   constexpr int PRODUCERS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_REGS = 4;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 32;
   constexpr int A_TILE_BYTES = BM*BK;
   constexpr int B_TILE_BYTES = BN*BK;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -1008,7 +1032,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
   unsigned long long* const tsr_free = tsr_landed + 4;
   const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
   const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -1149,8 +1173,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
     #pragma unroll
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -1159,10 +1183,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
       // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 32) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k32_fp8_e4m3_ss(acc,
-            tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * 64) * 128 + kk % 128,
-            16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 32768 + kk % 128, 16, 1024));
+            tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * WGMMA_M) * 128
+            + kk % 128, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 32768 + kk % 128, 16,
+            1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -1174,14 +1199,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
     #pragma unroll
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
-          const int t = frag * 4 + reg + half;
+          const int t = frag * MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((acc[t] + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f))));
         }
         if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F

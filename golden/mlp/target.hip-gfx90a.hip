@@ -94,27 +94,35 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -122,17 +130,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -143,8 +151,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -152,17 +160,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -171,17 +179,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + BK + i < K && BN*pid_n + j + q < N
                 ? B[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -189,25 +197,28 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 8
+            + (kk + lane / MMA_M * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 8 ^ (kk + lane / MMA_M * 4 + q)
+              % 8) * 8 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 8];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -216,10 +227,11 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (bias[BN*pid_n + j])))))));
@@ -237,27 +249,35 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -265,17 +285,17 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_in_aligned) {
-        const int bytes = i < D && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < D && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_in + (i * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < D && BN*pid_n + j + q < F ? W_in[i * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -286,8 +306,8 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -295,17 +315,17 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < D ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < D ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < T && BK*kb + BK + j + q < D
                 ? x[(BM*pid_m + i) * D + BK*kb + BK + j + q] : 0;
           }
@@ -314,17 +334,17 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (W_in_aligned) {
-          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? W_in + ((BK*kb + BK + i) * F + BN*pid_n + j) : W_in, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + BK + i < D && BN*pid_n + j + q < F
                 ? W_in[(BK*kb + BK + i) * F + BN*pid_n + j + q] : 0;
           }
@@ -332,25 +352,28 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 8
+            + (kk + lane / MMA_M * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 8 ^ (kk + lane / MMA_M * 4 + q)
+              % 8) * 8 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 8];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -359,10 +382,11 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           h[(BM*pid_m + i) * F + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (b_in[BN*pid_n + j])))))));
@@ -381,27 +405,35 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T && j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && j < F ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? h + ((BM*pid_m + i) * F + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && j + q < F ? h[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
@@ -409,17 +441,17 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_out_aligned) {
-        const int bytes = i < F && BN*pid_n + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < F && BN*pid_n + j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_out + (i * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < F && BN*pid_n + j + q < D ? W_out[i * D + BN*pid_n + j + q] : 0;
         }
       }
@@ -430,8 +462,8 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -439,17 +471,17 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < F ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < F ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? h + ((BM*pid_m + i) * F + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < T && BK*kb + BK + j + q < F
                 ? h[(BM*pid_m + i) * F + BK*kb + BK + j + q] : 0;
           }
@@ -458,17 +490,17 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (W_out_aligned) {
-          const int bytes = BK*kb + BK + i < F && BN*pid_n + j < D ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + BK + i < F && BN*pid_n + j < D ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? W_out + ((BK*kb + BK + i) * D + BN*pid_n + j) : W_out, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + BK + i < F && BN*pid_n + j + q < D
                 ? W_out[(BK*kb + BK + i) * D + BN*pid_n + j + q] : 0;
           }
@@ -476,25 +508,28 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 8
+            + (kk + lane / MMA_M * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 8 ^ (kk + lane / MMA_M * 4 + q)
+              % 8) * 8 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 8];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -503,10 +538,11 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < T && BN*pid_n + j < D)
           out[(BM*pid_m + i) * D + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16(((tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n
@@ -525,27 +561,30 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
   constexpr int BN = 128;
   constexpr int BK = 64;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 16384);
   const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
   const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BM*BK / 16; e += THREADS) {
+      const int i = e / (BK / 16);
+      const int j = e % (BK / 16) * 16;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BM*pid_m + i < T && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          a_tile_smem[i * BK + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -553,17 +592,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BN*BK / 16; e += THREADS) {
+      const int i = e / (BK / 16);
+      const int j = e % (BK / 16) * 16;
       if (w_aligned) {
-        const int bytes = BN*pid_n + i < F && j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BN*pid_n + i < F && j < D ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BK + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? w + ((BN*pid_n + i) * D + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          b_tile_smem[i * BK + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               BN*pid_n + i < F && j + q < D ? w[(BN*pid_n + i) * D + j + q] : 0;
         }
       }
@@ -581,17 +620,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 16;
+      for (int e = lid; e < BM*BK / 16; e += THREADS) {
+        const int i = e / (BK / 16);
+        const int j = e % (BK / 16) * 16;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < D ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16
+          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < D ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 16 ^ i % 4) * 16
               + j % 16), bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 16 ^ i % 4) * 16
                 + (j + q) % 16] = BM*pid_m + i < T && BK*kb + BK + j + q < D
                 ? x[(BM*pid_m + i) * D + BK*kb + BK + j + q] : 0;
           }
@@ -600,17 +639,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 16;
+      for (int e = lid; e < BN*BK / 16; e += THREADS) {
+        const int i = e / (BK / 16);
+        const int j = e % (BK / 16) * 16;
         if (w_aligned) {
-          const int bytes = BN*pid_n + i < F && BK*kb + BK + j < D ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16
+          const int bytes = BN*pid_n + i < F && BK*kb + BK + j < D ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BN + i) * BK + (j / 16 ^ i % 4) * 16
               + j % 16), bytes ? w + ((BN*pid_n + i) * D + BK*kb + BK + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+            b_tile_smem[((kb + 1) % 2 * BN + i) * BK + ((j + q) / 16 ^ i % 4) * 16
                 + (j + q) % 16] = BN*pid_n + i < F && BK*kb + BK + j + q < D
                 ? w[(BN*pid_n + i) * D + BK*kb + BK + j + q] : 0;
           }
@@ -621,11 +660,11 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 2 * 128 + ty + r * 16) * 64
-          + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16]);
+          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 2 * BM + ty + r * TY) * BK
+          + (kk / 16 ^ (ty + r * TY) % 4) * 16 + kk % 16]);
       for (int c = 0; c < 8; ++c)
-          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 2 * 128 + tx + c * 16) * 64
-          + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
+          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 2 * BN + tx + c * TX) * BK
+          + (kk / 16 ^ (tx + c * TX) % 4) * 16 + kk % 16]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -633,9 +672,9 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
   }
   // mlp.tsr:31: return x @ w.T + bias
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           out[(BM*pid_m + i) * F + BN*pid_n + j] =

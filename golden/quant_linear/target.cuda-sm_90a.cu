@@ -374,21 +374,27 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   constexpr int BN = 256;
   constexpr int BK = 64;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 65536);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
         tsr_copy_async16(a_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
@@ -403,17 +409,17 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
   if (0 < K) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 16;
+    for (int e = lid; e < BK*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 256 + (j / 16 ^ i % 8) * 16 + j % 16),
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem + (i * BN + (j / 16 ^ i % 8) * 16 + j % 16),
             bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+          operand_smem[i * BN + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
               i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -422,11 +428,11 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   tsr_copy_commit();
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
   if (64 < K) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 64 + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && 64 + j < K ? CHUNK_BYTES : 0;
         tsr_copy_async16(a_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
       } else {
@@ -441,17 +447,17 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
   if (64 < K) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 16;
+    for (int e = lid; e < BK*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = 64 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16),
+        const int bytes = 64 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem + ((1 * BK + i) * BN + (j / 16 ^ i % 8) * 16 + j % 16),
             bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+          operand_smem[(1 * BK + i) * BN + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
               64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -463,8 +469,8 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -474,11 +480,11 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
     if (BK*kb + 128 < K) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 128 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + 128 + j < K ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8
               + j % 8), bytes ? x + ((BM*pid_m + i) * K + BK*kb + 128 + j) : x, bytes);
         } else {
@@ -494,18 +500,18 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
     if (BK*kb + 128 < K) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 16;
+      for (int e = lid; e < BK*BN / 16; e += THREADS) {
+        const int i = e / (BN / 16);
+        const int j = e % (BN / 16) * 16;
         if (w_aligned) {
-          const int bytes = BK*kb + 128 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + 128 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
           tsr_copy_async16(operand_smem
-              + (((kb + 2) % 4 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16),
+              + (((kb + 2) % 4 * BK + i) * BN + (j / 16 ^ i % 8) * 16 + j % 16),
               bytes ? w + ((BK*kb + 128 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 2) % 4 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16
+            operand_smem[((kb + 2) % 4 * BK + i) * BN + ((j + q) / 16 ^ i % 8) * 16
                 + (j + q) % 16] = BK*kb + 128 + i < K && BN*pid_n + j + q < N
                 ? w[(BK*kb + 128 + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -514,32 +520,32 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     }
     tsr_copy_commit();
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
-          a_smem + ((kb % 4) * 8192 + (wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 64
-          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          a_smem + ((kb % 4) * 8192 + (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * 64
+          + ((kk + lane / 16 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
           + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 32; ++fn) {
         unsigned b_frag[2];
         b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4
-            * 64 + kk + lane % 4 * 2) * 256
-            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2) % 8) * 16
-            + (fn * 8 + lane / 4) % 16]))),
-            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk
-            + lane % 4 * 2 + 1) * 256
-            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 1) % 8) * 16
-            + (fn * 8 + lane / 4) % 16]))));
+            * BK + kk + lane % 4 * 2) * BN
+            + ((fn * MMA_N + lane / 4) / 16 ^ (kk + lane % 4 * 2) % 8) * 16
+            + (fn * MMA_N + lane / 4) % 16]))),
+            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * BK + kk
+            + lane % 4 * 2 + 1) * BN
+            + ((fn * MMA_N + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 1) % 8) * 16
+            + (fn * MMA_N + lane / 4) % 16]))));
         b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4
-            * 64 + kk + lane % 4 * 2 + 8) * 256
-            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8) % 8) * 16
-            + (fn * 8 + lane / 4) % 16]))),
-            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk
-            + lane % 4 * 2 + 8 + 1) * 256
-            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 16
-            + (fn * 8 + lane / 4) % 16]))));
-        tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_frag[0], b_frag);
+            * BK + kk + lane % 4 * 2 + 8) * BN
+            + ((fn * MMA_N + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8) % 8) * 16
+            + (fn * MMA_N + lane / 4) % 16]))),
+            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * BK + kk
+            + lane % 4 * 2 + 8 + 1) * BN
+            + ((fn * MMA_N + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 16
+            + (fn * MMA_N + lane / 4) % 16]))));
+        tsr_mma_m16n8k16_bf16(&acc[fn * MMA_REGS], a_frag[0], b_frag);
       }
     }
   }
@@ -547,14 +553,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   #pragma unroll
   for (int frag = 0; frag < 32; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 32 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % 32 * MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * MMA_REGS + reg + half;
         pair[half] = (acc[t] * (BN*pid_n + j < N ? scale[BN*pid_n + j] : 0.0f));
       }
       if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -605,6 +611,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
   constexpr int BK = 64;
   constexpr int CONSUMERS = 256;
   constexpr int PRODUCERS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_REGS = 4;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -616,7 +628,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
   unsigned long long* const tsr_free = tsr_landed + 4;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -770,8 +782,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
     #pragma unroll
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -780,9 +792,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
             1024));
       }
@@ -795,13 +807,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
     #pragma unroll
     for (int frag = 0; frag < 32; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 32 * MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int t = frag * 4 + reg + half;
+          const int t = frag * MMA_REGS + reg + half;
           pair[half] = acc[t];
         }
         if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -873,19 +885,25 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 32768 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 32*BM / 8; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
         tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
@@ -899,17 +917,17 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   }
   tsr_copy_commit();
   if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 32*BM / 8; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_smem + ((1 * BM + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_smem[(1 * BM + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
@@ -921,8 +939,8 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -932,17 +950,17 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
     if (32*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
+      for (int e = lid; e < 32*BM / 8; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 4 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && 32*kb + 64 + j < K ? CHUNK_BYTES : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 4 * BM + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 4 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_smem[((kb + 2) % 4 * BM + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && 32*kb + 64 + j + q < K
                 ? x[(BM*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
           }
@@ -951,44 +969,44 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     }
     tsr_copy_commit();
     // quant_linear.tsr:55: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += MMA_K) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
-          a_smem + ((kb % 4 * 128 + wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 32
-          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+          a_smem + ((kb % 4 * 128 + wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * 32
+          + ((kk + lane / 16 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
           + (kk + lane / 16 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < 16; ++fn) {
         unsigned b_frag[2];
         b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K
-            && BN*pid_n + fn * 8 + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * 8 + lane / 4)
-            >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * 8 + lane / 4) & 1)
-            * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))),
+            && BN*pid_n + fn * MMA_N + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * MMA_N
+            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * MMA_N
+            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * MMA_N + lane / 4] : 0.0f)))),
             tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K
-            && BN*pid_n + fn * 8 + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * 8
-            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * 8
+            && BN*pid_n + fn * MMA_N + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * MMA_N
+            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * MMA_N
             + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))));
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * MMA_N + lane / 4] : 0.0f)))));
         b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8
-            < K && BN*pid_n + fn * 8 + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * 8
-            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * 8
+            < K && BN*pid_n + fn * MMA_N + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * MMA_N
+            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * MMA_N
             + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))),
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * MMA_N + lane / 4] : 0.0f)))),
             tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K
-            && BN*pid_n + fn * 8 + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * 8
-            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * 8
-            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))));
-        tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_frag[0], b_frag);
+            && BN*pid_n + fn * MMA_N + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * MMA_N
+            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n
+            + fn * MMA_N + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * MMA_N + lane / 4] : 0.0f)))));
+        tsr_mma_m16n8k16_bf16(&acc[fn * MMA_REGS], a_frag[0], b_frag);
       }
     }
   }
@@ -996,13 +1014,13 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 16 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % 16 * MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * MMA_REGS + reg + half;
         pair[half] = acc[t];
       }
       if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -1028,22 +1046,25 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 32768);
   const bool x_aligned = tsr_aligned16(x) && K % 16 == 0;
   const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
   //   cols=T.n)), f32)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 64*BM / 16; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
         tsr_copy_async16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
@@ -1056,17 +1077,17 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 16;
+    for (int e = lid; e < 64*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem_1 + (i * BN + (j / 16 ^ i % 8) * 16 + j % 16),
             bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+          operand_smem_1[i * BN + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
               i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -1074,34 +1095,34 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   }
   tsr_copy_commit();
   if (64 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 64*BM / 16; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 64 + j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BM*pid_m + i < M && 64 + j < K ? CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem + ((1 * BM + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          operand_smem[(1 * BM + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               BM*pid_m + i < M && 64 + j + q < K ? x[(BM*pid_m + i) * K + 64 + j + q] : 0;
         }
       }
     }
   }
   if (64 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 16;
+    for (int e = lid; e < 64*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = 64 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+        const int bytes = 64 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * BN + (j / 16 ^ i % 8) * 16 + j % 16),
             bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[(1 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+          operand_smem_1[(1 * 64 + i) * BN + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
               64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -1109,34 +1130,34 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   }
   tsr_copy_commit();
   if (128 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 64*BM / 16; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 128 + j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BM*pid_m + i < M && 128 + j < K ? CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem + ((2 * BM + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? x + ((BM*pid_m + i) * K + 128 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[(2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          operand_smem[(2 * BM + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               BM*pid_m + i < M && 128 + j + q < K ? x[(BM*pid_m + i) * K + 128 + j + q] : 0;
         }
       }
     }
   }
   if (128 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 16;
+    for (int e = lid; e < 64*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = 128 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + ((2 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+        const int bytes = 128 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem_1 + ((2 * 64 + i) * BN + (j / 16 ^ i % 8) * 16 + j % 16),
             bytes ? w + ((128 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[(2 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+          operand_smem_1[(2 * 64 + i) * BN + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
               128 + i < K && BN*pid_n + j + q < N ? w[(128 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -1164,18 +1185,18 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
     if (64*kb + 192 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
+      for (int e = lid; e < 64*BM / 16; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 64*kb + 192 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && 64*kb + 192 + j < K ? CHUNK_BYTES : 0;
           tsr_copy_async16(operand_smem
-              + (((kb + 3) % 4 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+              + (((kb + 3) % 4 * BM + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
               bytes ? x + ((BM*pid_m + i) * K + 64*kb + 192 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 3) % 4 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+            operand_smem[((kb + 3) % 4 * BM + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
                 + (j + q) % 16] = BM*pid_m + i < M && 64*kb + 192 + j + q < K
                 ? x[(BM*pid_m + i) * K + 64*kb + 192 + j + q] : 0;
           }
@@ -1183,18 +1204,18 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       }
     }
     if (64*kb + 192 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 16;
+      for (int e = lid; e < 64*BN / 16; e += THREADS) {
+        const int i = e / (BN / 16);
+        const int j = e % (BN / 16) * 16;
         if (w_aligned) {
-          const int bytes = 64*kb + 192 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = 64*kb + 192 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
           tsr_copy_async16(operand_smem_1
-              + (((kb + 3) % 4 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+              + (((kb + 3) % 4 * 64 + i) * BN + (j / 16 ^ i % 8) * 16 + j % 16),
               bytes ? w + ((64*kb + 192 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem_1[((kb + 3) % 4 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16
+            operand_smem_1[((kb + 3) % 4 * 64 + i) * BN + ((j + q) / 16 ^ i % 8) * 16
                 + (j + q) % 16] = 64*kb + 192 + i < K && BN*pid_n + j + q < N
                 ? w[(64*kb + 192 + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -1207,11 +1228,11 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = (float)operand_smem[((kb) % 4 * 128 + ty + r * 16) * 64
-          + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16];
+          a_k[r] = (float)operand_smem[((kb) % 4 * BM + ty + r * TY) * 64
+          + (kk / 16 ^ (ty + r * TY) % 4) * 16 + kk % 16];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = (float)operand_smem_1[((kb) % 4 * 64 + kk) * 128
-          + ((tx + c * 16) / 16 ^ kk % 8) * 16 + (tx + c * 16) % 16];
+          b_k[c] = (float)operand_smem_1[((kb) % 4 * 64 + kk) * BN
+          + ((tx + c * TX) / 16 ^ kk % 8) * 16 + (tx + c * TX) % 16];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
@@ -1236,9 +1257,9 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =

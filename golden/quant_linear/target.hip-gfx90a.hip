@@ -134,27 +134,35 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[24576] __attribute__((aligned(16)));
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 16384);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -163,17 +171,17 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
   if (0 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 16;
+    for (int e = lid; e < BK*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem + (i * BN + (j / 16 ^ i % 8) * 16 + j % 16),
             bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+          operand_smem[i * BN + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
               i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -184,8 +192,8 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -193,17 +201,17 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
-          tsr_copy16(a_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? CHUNK_BYTES : 0;
+          tsr_copy16(a_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -213,17 +221,17 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 256; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 16;
+      for (int e = lid; e < BK*BN / 16; e += THREADS) {
+        const int i = e / (BN / 16);
+        const int j = e % (BN / 16) * 16;
         if (w_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
-          tsr_copy16(operand_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+          tsr_copy16(operand_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 16 ^ i % 8) * 16
               + j % 16), bytes ? w + ((BK*kb + BK + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16
+            operand_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 16 ^ i % 8) * 16
                 + (j + q) % 16] = BK*kb + BK + i < K && BN*pid_n + j + q < N
                 ? w[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -231,26 +239,30 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       }
     }
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 32
-            + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 8
+            + (kk + lane / MMA_M * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
               b_frag[q] = (short)tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 2
-              * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 16 ^ (kk + lane / 32 * 4 + q) % 8) * 16
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 16])));
+              * BK + kk + lane / MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N)
+              / 16 ^ (kk + lane / MMA_M * 4 + q) % 8) * 16
+              + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 16])));
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -259,10 +271,11 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] = (acc[t] * (scale[BN*pid_n + j]));
     }
@@ -302,27 +315,35 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -330,17 +351,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (t4_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? t4 + (i * N + BN*pid_n + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? t4[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -351,8 +372,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -360,17 +381,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -379,17 +400,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (t4_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? t4 + ((BK*kb + BK + i) * N + BN*pid_n + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + BK + i < K && BN*pid_n + j + q < N
                 ? t4[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -397,25 +418,28 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 8
+            + (kk + lane / MMA_M * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 8 ^ (kk + lane / MMA_M * 4 + q)
+              % 8) * 8 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 8];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -423,10 +447,11 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
@@ -487,19 +512,27 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 32*BM / 8; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
         tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
@@ -516,8 +549,8 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -525,17 +558,17 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
     if (32*kb + 32 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
+      for (int e = lid; e < 32*BM / 8; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
-          tsr_copy16(a_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && 32*kb + 32 + j < K ? CHUNK_BYTES : 0;
+          tsr_copy16(a_smem + (((kb + 1) % 2 * BM + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * K + 32*kb + 32 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_smem[((kb + 1) % 2 * BM + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && 32*kb + 32 + j + q < K
                 ? x[(BM*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
           }
@@ -543,30 +576,34 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       }
     }
     // quant_linear.tsr:55: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 8) {
+    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 32
-            + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * 32 + ((kk + lane / MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 8
+            + (kk + lane / MMA_M * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane / 32 * 4
-              + q < K && BN*pid_n + wave % 2 * 64 + fn * 32 + lane % 32 < N
-              ? (float)(((((int)w[((32*kb + kk + lane / 32 * 4 + q) * N + BN*pid_n + wave % 2 * 64
-              + fn * 32 + lane % 32) >> 1]
-              >> ((((32*kb + kk + lane / 32 * 4 + q) * N + BN*pid_n + wave % 2 * 64 + fn * 32
-              + lane % 32) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-              * (kb + 0 < (K)/32 && BN*pid_n + wave % 2 * 64 + fn * 32 + lane % 32 < N
-              ? scale[(kb + 0) * N + BN*pid_n + wave % 2 * 64 + fn * 32 + lane % 32] : 0.0f))));
+              b_frag[q] = (short)tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane / MMA_M * 4
+              + q < K && BN*pid_n + wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N < N
+              ? (float)(((((int)w[((32*kb + kk + lane / MMA_M * 4 + q) * N + BN*pid_n
+              + wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) >> 1]
+              >> ((((32*kb + kk + lane / MMA_M * 4 + q) * N + BN*pid_n + wave % 2 * WARP_N
+              + fn * MMA_N + lane % MMA_N) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+              * (kb + 0 < (K)/32 && BN*pid_n + wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N < N
+              ? scale[(kb + 0) * N + BN*pid_n + wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N]
+              : 0.0f))));
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -574,10 +611,11 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
@@ -593,22 +631,25 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 16384);
   const bool x_aligned = tsr_aligned16(x) && K % 16 == 0;
   const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
   //   cols=T.n)), f32)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 64*BM / 16; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
         tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
@@ -621,17 +662,17 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 16;
+    for (int e = lid; e < 64*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem_1 + (i * BN + (j / 16 ^ i % 8) * 16 + j % 16),
             bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+          operand_smem_1[i * BN + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
               i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -657,17 +698,17 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
     if (64*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
+      for (int e = lid; e < 64*BM / 16; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 16;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 64*kb + 64 + j < K ? 16 : 0;
-          tsr_copy16(operand_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16
+          const int bytes = BM*pid_m + i < M && 64*kb + 64 + j < K ? CHUNK_BYTES : 0;
+          tsr_copy16(operand_smem + (((kb + 1) % 2 * BM + i) * 64 + (j / 16 ^ i % 4) * 16
               + j % 16), bytes ? x + ((BM*pid_m + i) * K + 64*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
+            operand_smem[((kb + 1) % 2 * BM + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
                 + (j + q) % 16] = BM*pid_m + i < M && 64*kb + 64 + j + q < K
                 ? x[(BM*pid_m + i) * K + 64*kb + 64 + j + q] : 0;
           }
@@ -675,18 +716,18 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       }
     }
     if (64*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 16;
+      for (int e = lid; e < 64*BN / 16; e += THREADS) {
+        const int i = e / (BN / 16);
+        const int j = e % (BN / 16) * 16;
         if (w_aligned) {
-          const int bytes = 64*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = 64*kb + 64 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
           tsr_copy16(operand_smem_1
-              + (((kb + 1) % 2 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+              + (((kb + 1) % 2 * 64 + i) * BN + (j / 16 ^ i % 8) * 16 + j % 16),
               bytes ? w + ((64*kb + 64 + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 16; ++q) {
-            operand_smem_1[((kb + 1) % 2 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16
+            operand_smem_1[((kb + 1) % 2 * 64 + i) * BN + ((j + q) / 16 ^ i % 8) * 16
                 + (j + q) % 16] = 64*kb + 64 + i < K && BN*pid_n + j + q < N
                 ? w[(64*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -698,11 +739,11 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = (float)operand_smem[((kb) % 2 * 128 + ty + r * 16) * 64
-          + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16];
+          a_k[r] = (float)operand_smem[((kb) % 2 * BM + ty + r * TY) * 64
+          + (kk / 16 ^ (ty + r * TY) % 4) * 16 + kk % 16];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = (float)operand_smem_1[((kb) % 2 * 64 + kk) * 128
-          + ((tx + c * 16) / 16 ^ kk % 8) * 16 + (tx + c * 16) % 16];
+          b_k[c] = (float)operand_smem_1[((kb) % 2 * 64 + kk) * BN
+          + ((tx + c * TX) / 16 ^ kk % 8) * 16 + (tx + c * TX) % 16];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
@@ -727,9 +768,9 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =

@@ -127,10 +127,13 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
   enum { BN = 64 };
   enum { BK = 32 };
   enum { THREADS = 128 };
+  enum { TY = 8 };
+  enum { TX = 16 };
+  enum { CHUNK_BYTES = 16 };
   __local uchar tsr_smem[6144] __attribute__((aligned(16)));
   __local ushort* const a_smem = (__local ushort*)(tsr_smem + 0);
   __local char* const operand_smem = (__local char*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
   const long pid_n = get_group_id(0);
@@ -146,32 +149,32 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
-    for (int e = lid; e < 128; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BK*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem + (i * BN + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? w + ((BK*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          operand_smem[i * BN + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               BK*kb + i < K && BN*pid_n + j + q < N ? w[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -181,11 +184,11 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
+          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * TY) * BK + (kk / 8 ^ (ty + r * TY) % 4) * 8
           + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_round_bf16(((float)operand_smem[kk * 64
-          + ((tx + c * 16) / 16 ^ kk % 4) * 16 + (tx + c * 16) % 16]));
+          b_k[c] = tsr_round_bf16(((float)operand_smem[kk * BN
+          + ((tx + c * TX) / 16 ^ kk % 4) * 16 + (tx + c * TX) % 16]));
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -193,9 +196,9 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
   }
   // quant_linear.tsr:32: return acc * tile.load(scale, cols=T.n)[None, :]
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] = (acc[t] * (scale[BN*pid_n + j]));
@@ -235,10 +238,13 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
   enum { BN = 64 };
   enum { BK = 32 };
   enum { THREADS = 128 };
+  enum { TY = 8 };
+  enum { TX = 16 };
+  enum { CHUNK_BYTES = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
   const long pid_n = get_group_id(0);
@@ -254,31 +260,31 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (t4_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? t4 + ((BK*kb + i) * N + BN*pid_n + j) : t4, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < K && BN*pid_n + j + q < N ? t4[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -288,20 +294,20 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
@@ -363,9 +369,12 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
   enum { BM = 64 };
   enum { BN = 64 };
   enum { THREADS = 128 };
+  enum { TY = 8 };
+  enum { TX = 16 };
+  enum { CHUNK_BYTES = 16 };
   __local uchar tsr_smem[4096] __attribute__((aligned(16)));
   __local ushort* const a_smem = (__local ushort*)(tsr_smem + 0);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
@@ -380,11 +389,11 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
   for (long kb = 0; kb * 32 < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
+    for (int e = lid; e < 32*BM / 8; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && 32*kb + j < K ? CHUNK_BYTES : 0;
         tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + 32*kb + j) : x, bytes);
       } else {
@@ -400,23 +409,23 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
+          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * TY) * 32 + (kk / 8 ^ (ty + r * TY) % 4) * 8
           + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_round_bf16((((32*kb + kk < K && BN*pid_n + tx + c * 16 < N
-          ? (float)(((((int)w[((32*kb + kk) * N + BN*pid_n + tx + c * 16) >> 1]
-          >> ((((32*kb + kk) * N + BN*pid_n + tx + c * 16) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-          * (kb + 0 < (K)/32 && BN*pid_n + tx + c * 16 < N
-          ? scale[(kb + 0) * N + BN*pid_n + tx + c * 16] : 0.0f)));
+          b_k[c] = tsr_round_bf16((((32*kb + kk < K && BN*pid_n + tx + c * TX < N
+          ? (float)(((((int)w[((32*kb + kk) * N + BN*pid_n + tx + c * TX) >> 1]
+          >> ((((32*kb + kk) * N + BN*pid_n + tx + c * TX) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+          * (kb + 0 < (K)/32 && BN*pid_n + tx + c * TX < N
+          ? scale[(kb + 0) * N + BN*pid_n + tx + c * TX] : 0.0f)));
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
@@ -433,10 +442,13 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
   enum { BM = 64 };
   enum { BN = 64 };
   enum { THREADS = 128 };
+  enum { TY = 8 };
+  enum { TX = 16 };
+  enum { CHUNK_BYTES = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local char* const operand_smem = (__local char*)(tsr_smem + 0);
   __local char* const operand_smem_1 = (__local char*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 16 == 0;
   const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
   const long pid_n = get_group_id(0);
@@ -460,11 +472,11 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
     barrier(CLK_LOCAL_MEM_FENCE);
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    for (int e = lid; e < 256; e += THREADS) {
+    for (int e = lid; e < 64*BM / 16; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 64*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && 64*kb + j < K ? CHUNK_BYTES : 0;
         tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? x + ((BM*pid_m + i) * K + 64*kb + j) : x, bytes);
       } else {
@@ -474,16 +486,16 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
         }
       }
     }
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < 64*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = 64*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem_1 + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = 64*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem_1 + (i * BN + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? w + ((64*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          operand_smem_1[i * BN + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               64*kb + i < K && BN*pid_n + j + q < N ? w[(64*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -494,11 +506,11 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
     for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = (float)operand_smem[(ty + r * 8) * 64 + (kk / 16 ^ (ty + r * 8) % 4) * 16
+          a_k[r] = (float)operand_smem[(ty + r * TY) * 64 + (kk / 16 ^ (ty + r * TY) % 4) * 16
           + kk % 16];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = (float)operand_smem_1[kk * 64 + ((tx + c * 16) / 16 ^ kk % 4) * 16
-          + (tx + c * 16) % 16];
+          b_k[c] = (float)operand_smem_1[kk * BN + ((tx + c * TX) / 16 ^ kk % 4) * 16
+          + (tx + c * TX) % 16];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) dot[r * 4 + c] = fma(a_k[r], b_k[c], dot[r * 4 + c]);
       }
@@ -523,9 +535,9 @@ void w8a8(__global const char* restrict x, __global const char* restrict w,
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =

@@ -127,9 +127,12 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
   constexpr int BN = 64;
   constexpr int BK = 32;
   constexpr int THREADS = 128;
+  constexpr int TY = 8;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
   const long long pid_n = it.get_group(2);
@@ -145,32 +148,32 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
-    for (int e = lid; e < 128; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BK*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem + (i * BN + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? w + ((BK*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          operand_smem[i * BN + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               BK*kb + i < K && BN*pid_n + j + q < N ? w[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -180,11 +183,11 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
+          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * TY) * BK + (kk / 8 ^ (ty + r * TY) % 4) * 8
           + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_round_bf16(((float)operand_smem[kk * 64
-          + ((tx + c * 16) / 16 ^ kk % 4) * 16 + (tx + c * 16) % 16]));
+          b_k[c] = tsr_round_bf16(((float)operand_smem[kk * BN
+          + ((tx + c * TX) / 16 ^ kk % 4) * 16 + (tx + c * TX) % 16]));
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -192,9 +195,9 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
   }
   // quant_linear.tsr:32: return acc * tile.load(scale, cols=T.n)[None, :]
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] = (acc[t] * (scale[BN*pid_n + j]));
@@ -234,9 +237,12 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
   constexpr int BN = 64;
   constexpr int BK = 32;
   constexpr int THREADS = 128;
+  constexpr int TY = 8;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
   const long long pid_n = it.get_group(2);
@@ -252,31 +258,31 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (t4_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? t4 + ((BK*kb + i) * N + BN*pid_n + j) : t4, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < K && BN*pid_n + j + q < N ? t4[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -286,20 +292,20 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
@@ -359,8 +365,11 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int THREADS = 128;
+  constexpr int TY = 8;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
@@ -375,11 +384,11 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
   for (long long kb = 0; kb * 32 < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
+    for (int e = lid; e < 32*BM / 8; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && 32*kb + j < K ? CHUNK_BYTES : 0;
         tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + 32*kb + j) : x, bytes);
       } else {
@@ -395,23 +404,23 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
+          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * TY) * 32 + (kk / 8 ^ (ty + r * TY) % 4) * 8
           + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_round_bf16((((32*kb + kk < K && BN*pid_n + tx + c * 16 < N
-          ? (float)(((((int)w[((32*kb + kk) * N + BN*pid_n + tx + c * 16) >> 1]
-          >> ((((32*kb + kk) * N + BN*pid_n + tx + c * 16) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-          * (kb + 0 < (K)/32 && BN*pid_n + tx + c * 16 < N
-          ? scale[(kb + 0) * N + BN*pid_n + tx + c * 16] : 0.0f)));
+          b_k[c] = tsr_round_bf16((((32*kb + kk < K && BN*pid_n + tx + c * TX < N
+          ? (float)(((((int)w[((32*kb + kk) * N + BN*pid_n + tx + c * TX) >> 1]
+          >> ((((32*kb + kk) * N + BN*pid_n + tx + c * TX) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+          * (kb + 0 < (K)/32 && BN*pid_n + tx + c * TX < N
+          ? scale[(kb + 0) * N + BN*pid_n + tx + c * TX] : 0.0f)));
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
@@ -428,9 +437,12 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int THREADS = 128;
+  constexpr int TY = 8;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 16 == 0;
   const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
   const long long pid_n = it.get_group(2);
@@ -454,11 +466,11 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    for (int e = lid; e < 256; e += THREADS) {
+    for (int e = lid; e < 64*BM / 16; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 16;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 64*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && 64*kb + j < K ? CHUNK_BYTES : 0;
         tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? x + ((BM*pid_m + i) * K + 64*kb + j) : x, bytes);
       } else {
@@ -468,16 +480,16 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
         }
       }
     }
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < 64*BN / 16; e += THREADS) {
+      const int i = e / (BN / 16);
+      const int j = e % (BN / 16) * 16;
       if (w_aligned) {
-        const int bytes = 64*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem_1 + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = 64*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem_1 + (i * BN + (j / 16 ^ i % 4) * 16 + j % 16),
             bytes ? w + ((64*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+          operand_smem_1[i * BN + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
               64*kb + i < K && BN*pid_n + j + q < N ? w[(64*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -488,11 +500,11 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
     for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = (float)operand_smem[(ty + r * 8) * 64 + (kk / 16 ^ (ty + r * 8) % 4) * 16
+          a_k[r] = (float)operand_smem[(ty + r * TY) * 64 + (kk / 16 ^ (ty + r * TY) % 4) * 16
           + kk % 16];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = (float)operand_smem_1[kk * 64 + ((tx + c * 16) / 16 ^ kk % 4) * 16
-          + (tx + c * 16) % 16];
+          b_k[c] = (float)operand_smem_1[kk * BN + ((tx + c * TX) / 16 ^ kk % 4) * 16
+          + (tx + c * TX) % 16];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) dot[r * 4 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 4 + c]);
       }
@@ -517,9 +529,9 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =

@@ -334,27 +334,34 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int WGMMA_K = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -362,11 +369,11 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
         tsr_copy_async16(b_tile_smem
             + (j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
@@ -385,8 +392,8 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -396,18 +403,18 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 1) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              + (((kb + 1) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -416,11 +423,11 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
               + (((kb + 1) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
               + j % 8), bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
@@ -439,39 +446,40 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     unsigned a_tile_frag[2][4];
     #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      a_tile_frag[kk / 16][0] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8],
-          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
-          + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][1] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+    for (int kk = 0; kk < BK; kk += MMA_K) {
+      a_tile_frag[kk / MMA_K][0] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2) % 8],
-          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][2] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+      a_tile_frag[kk / MMA_K][1] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2) % 8],
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / MMA_K][2] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 8) % 8],
-          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      a_tile_frag[kk / 16][3] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+      a_tile_frag[kk / MMA_K][3] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
           + (kk + lane % 4 * 2 + 8) % 8],
-          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
           + (kk + lane % 4 * 2 + 8 + 1) % 8]);
     }
     tsr_wgmma_fence();
     #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      tsr_wgmma_m64n128k16_f16_rs<1>(acc, a_tile_frag[kk / 16],
+    for (int kk = 0; kk < BK; kk += WGMMA_K) {
+      tsr_wgmma_m64n128k16_f16_rs<1>(acc, a_tile_frag[kk / MMA_K],
           tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 4096 + kk * 64, 4096, 1024));
     }
     tsr_wgmma_commit();
@@ -483,13 +491,13 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   #pragma unroll
   for (int frag = 0; frag < 16; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 16 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % 16 * MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * MMA_REGS + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
       if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -516,27 +524,34 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   constexpr int BN = 64;
   constexpr int BK = 32;
   constexpr int THREADS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_K = 16;
+  constexpr int MMA_REGS = 4;
+  constexpr int WGMMA_K = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -544,11 +559,11 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
         tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
@@ -566,8 +581,8 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   #pragma unroll
   for (int frag = 0; frag < 8; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -577,18 +592,18 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 256; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 1) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              + (((kb + 1) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -597,11 +612,11 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 256; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
               + (((kb + 1) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
@@ -619,39 +634,40 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     unsigned a_tile_frag[2][4];
     #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      a_tile_frag[kk / 16][0] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8],
-          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
-          + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][1] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+    for (int kk = 0; kk < BK; kk += MMA_K) {
+      a_tile_frag[kk / MMA_K][0] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2) % 8],
-          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][2] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+      a_tile_frag[kk / MMA_K][1] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2) % 8],
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / MMA_K][2] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 8) % 8],
-          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      a_tile_frag[kk / 16][3] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+      a_tile_frag[kk / MMA_K][3] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
           + (kk + lane % 4 * 2 + 8) % 8],
-          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
           + (kk + lane % 4 * 2 + 8 + 1) % 8]);
     }
     tsr_wgmma_fence();
     #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      tsr_wgmma_m64n64k16_f16_rs<1>(acc, a_tile_frag[kk / 16],
+    for (int kk = 0; kk < BK; kk += WGMMA_K) {
+      tsr_wgmma_m64n64k16_f16_rs<1>(acc, a_tile_frag[kk / MMA_K],
           tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 2048 + kk * 64, 4096, 1024));
     }
     tsr_wgmma_commit();
@@ -663,13 +679,13 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   #pragma unroll
   for (int frag = 0; frag < 8; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % 8 * MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * MMA_REGS + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
       if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -699,6 +715,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
   constexpr int BK = 64;
   constexpr int CONSUMERS = 256;
   constexpr int PRODUCERS = 128;
+  constexpr int WARP_SIZE = 32;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_N = 8;
+  constexpr int MMA_REGS = 4;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98352 bytes, given at launch
@@ -710,7 +732,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
   unsigned long long* const tsr_free = tsr_landed + 3;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -816,8 +838,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < MMA_REGS; ++reg) {
+        const int t = frag * MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -826,9 +848,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * 64) * 64
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * WGMMA_M) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192,
             1024));
       }
@@ -842,14 +864,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
     #pragma unroll
     for (int frag = 0; frag < 16; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % 16 * MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
-          const int t = frag * 4 + reg + half;
+          const int t = frag * MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((tsr_relu((acc[t]
               + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
         }

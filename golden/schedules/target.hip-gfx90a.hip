@@ -75,27 +75,35 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 512;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 32;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -103,17 +111,17 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -121,17 +129,17 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   }
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
@@ -139,17 +147,17 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -160,8 +168,8 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   #pragma unroll
   for (int frag = 0; frag < 2; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -169,17 +177,17 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + 64 + j + q < K
                 ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
@@ -188,17 +196,17 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + 64 + i < K && BN*pid_n + j + q < N
                 ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -206,25 +214,25 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_halfx4 a_frag;
         for (int q = 0; q < 4; ++q)
             a_frag[q] = __builtin_bit_cast(_Float16,
-            a_tile_smem[((kb) % 3 * 128 + wave / 4 * 64 + fm * 32 + lane % 32) * 32
-            + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 4 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8]);
+            a_tile_smem[((kb) % 3 * BM + wave / 4 * WARP_M + fm * MMA_M + lane % MMA_M) * BK
+            + ((kk + lane / MMA_M * 4 + q) / 8 ^ (wave / 4 * WARP_M + fm * MMA_M + lane % MMA_M)
+            % 4) * 8 + (kk + lane / MMA_M * 4 + q) % 8]);
         tsr_halfx4 b_frag;
         for (int q = 0; q < 4; ++q)
             b_frag[q] = __builtin_bit_cast(_Float16,
-            b_tile_smem[(kb % 3 * 32 + kk + lane / 32 * 4 + q) * 128
-            + ((wave % 4 * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-            + (wave % 4 * 32 + lane % 32) % 8]);
+            b_tile_smem[(kb % 3 * BK + kk + lane / MMA_M * 4 + q) * BN
+            + ((wave % 4 * WARP_N + lane % MMA_N) / 8 ^ (kk + lane / MMA_M * 4 + q) % 8) * 8
+            + (wave % 4 * WARP_N + lane % MMA_N) % 8]);
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 1) * 16 + reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) frag_acc[reg] = acc[(fm * 1) * MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8f16(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) acc[(fm * 1) * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < MMA_REGS; ++reg) acc[(fm * 1) * MMA_REGS + reg] = frag_acc[reg];
       }
     }
   }
@@ -232,10 +240,11 @@ extern "C" __global__ void __launch_bounds__(512) gemm(const unsigned short* __r
   #pragma unroll
   for (int frag = 0; frag < 2; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 4 * 64 + frag / 1 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 4 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 4 * WARP_M + frag / 1 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 4 * WARP_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
     }
@@ -252,27 +261,35 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
   constexpr int BN = 64;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 32;
+  constexpr int WARP_N = 32;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[24576] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -280,17 +297,17 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -298,17 +315,17 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
   }
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + ((1 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
@@ -316,17 +333,17 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + ((1 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = 32 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -335,7 +352,7 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
   float acc[16];
   #pragma unroll
-  for (int reg = 0; reg < 16; ++reg) {
+  for (int reg = 0; reg < MMA_REGS; ++reg) {
     const int t = reg;
     acc[t] = 0.0f;
   }
@@ -343,17 +360,17 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 256; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 2) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + 64 + j + q < K
                 ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
           }
@@ -362,17 +379,17 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 64 < K) {
-      for (int e = lid; e < 256; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 2) % 3 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + 64 + i < K && BN*pid_n + j + q < N
                 ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -380,30 +397,30 @@ extern "C" __global__ void __launch_bounds__(256) skinny_gemm(
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       tsr_halfx4 a_frag;
       for (int q = 0; q < 4; ++q)
           a_frag[q] = __builtin_bit_cast(_Float16,
-          a_tile_smem[(kb % 3 * 64 + wave / 2 * 32 + lane % 32) * 32
-          + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 32 + lane % 32) % 4) * 8
-          + (kk + lane / 32 * 4 + q) % 8]);
+          a_tile_smem[(kb % 3 * BM + wave / 2 * WARP_M + lane % MMA_M) * BK
+          + ((kk + lane / MMA_M * 4 + q) / 8 ^ (wave / 2 * WARP_M + lane % MMA_M) % 4) * 8
+          + (kk + lane / MMA_M * 4 + q) % 8]);
       tsr_halfx4 b_frag;
       for (int q = 0; q < 4; ++q)
           b_frag[q] = __builtin_bit_cast(_Float16,
-          b_tile_smem[(kb % 3 * 32 + kk + lane / 32 * 4 + q) * 64
-          + ((wave % 2 * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-          + (wave % 2 * 32 + lane % 32) % 8]);
+          b_tile_smem[(kb % 3 * BK + kk + lane / MMA_M * 4 + q) * BN
+          + ((wave % 2 * WARP_N + lane % MMA_N) / 8 ^ (kk + lane / MMA_M * 4 + q) % 8) * 8
+          + (wave % 2 * WARP_N + lane % MMA_N) % 8]);
       tsr_floatx16 frag_acc;
-      for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[reg];
+      for (int reg = 0; reg < MMA_REGS; ++reg) frag_acc[reg] = acc[reg];
       frag_acc = __builtin_amdgcn_mfma_f32_32x32x8f16(a_frag, b_frag, frag_acc, 0, 0, 0);
-      for (int reg = 0; reg < 16; ++reg) acc[reg] = frag_acc[reg];
+      for (int reg = 0; reg < MMA_REGS; ++reg) acc[reg] = frag_acc[reg];
     }
   }
   // schedules.tsr:18: return A @ B
   #pragma unroll
-  for (int reg = 0; reg < 16; ++reg) {
-    const int i = wave / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-    const int j = wave % 2 * 32 + lane % 32;
+  for (int reg = 0; reg < MMA_REGS; ++reg) {
+    const int i = wave / 2 * WARP_M + reg / 4 * 8 + lane / MMA_N * 4 + reg % 4;
+    const int j = wave % 2 * WARP_N + lane % MMA_N;
     const int t = reg;
     if (BM*pid_m + i < M && BN*pid_n + j < N)
         out[(BM*pid_m + i) * N + BN*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
@@ -421,27 +438,35 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int WARP_SIZE = 64;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_M = 32;
+  constexpr int MMA_N = 32;
+  constexpr int MMA_K = 8;
+  constexpr int MMA_REGS = 16;
+  constexpr int CHUNK_BYTES = 16;
   __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -449,17 +474,17 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -470,8 +495,8 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int t = frag * MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -479,17 +504,17 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -498,17 +523,17 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + BK + i < K && BN*pid_n + j + q < N
                 ? B[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -516,25 +541,28 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
+            + lane % MMA_M) * BK + ((kk + lane / MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 8
+            + (kk + lane / MMA_M * 4 + q) % 8];
         #pragma unroll
         for (int fn = 0; fn < 2; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 8 ^ (kk + lane / MMA_M * 4 + q)
+              % 8) * 8 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 8];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < MMA_REGS; ++reg)
+              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
@@ -543,10 +571,11 @@ extern "C" __global__ void __launch_bounds__(256) gemm_bias_relu(
   #pragma unroll
   for (int frag = 0; frag < 4; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
+          + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
+      const int t = frag * MMA_REGS + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_relu((acc[t] + (bias[BN*pid_n + j])))))));

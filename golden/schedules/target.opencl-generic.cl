@@ -69,10 +69,13 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
   enum { BN = 128 };
   enum { BK = 32 };
   enum { THREADS = 256 };
+  enum { TY = 16 };
+  enum { TX = 16 };
+  enum { CHUNK_BYTES = 16 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 8192);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
@@ -88,34 +91,34 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           vstore_half_rte(BM*pid_m + i < M && BK*kb + j + q < K
               ? vload_half((BM*pid_m + i) * K + BK*kb + j + q, A) : 0.0f,
-              i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
+              i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           vstore_half_rte(BK*kb + i < K && BN*pid_n + j + q < N
               ? vload_half((BK*kb + i) * N + BN*pid_n + j + q, B) : 0.0f,
-              i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
+              i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
         }
       }
     }
@@ -124,10 +127,10 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = vload_half((ty + r * 16) * 32 + (kk / 8 ^ (ty + r * 16) % 4) * 8 + kk % 8,
+          a_k[r] = vload_half((ty + r * TY) * BK + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8,
           a_tile_smem);
       for (int c = 0; c < 8; ++c)
-          b_k[c] = vload_half(kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8,
+          b_k[c] = vload_half(kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8 + (tx + c * TX) % 8,
           b_tile_smem);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fma(a_k[r], b_k[c], acc[r * 8 + c]);
@@ -136,9 +139,9 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
   }
   // schedules.tsr:12: return A @ B
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           vstore_half_rte((tsr_round_f16(acc[t])), (BM*pid_m + i) * N + BN*pid_n + j, out);
@@ -156,10 +159,13 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
   enum { BN = 64 };
   enum { BK = 32 };
   enum { THREADS = 128 };
+  enum { TY = 8 };
+  enum { TX = 16 };
+  enum { CHUNK_BYTES = 16 };
   __local uchar tsr_smem[8192] __attribute__((aligned(16)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
@@ -175,34 +181,34 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           vstore_half_rte(BM*pid_m + i < M && BK*kb + j + q < K
               ? vload_half((BM*pid_m + i) * K + BK*kb + j + q, A) : 0.0f,
-              i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
+              i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           vstore_half_rte(BK*kb + i < K && BN*pid_n + j + q < N
               ? vload_half((BK*kb + i) * N + BN*pid_n + j + q, B) : 0.0f,
-              i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
+              i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
         }
       }
     }
@@ -211,10 +217,10 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[8], b_k[4];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = vload_half((ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8,
+          a_k[r] = vload_half((ty + r * TY) * BK + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8,
           a_tile_smem);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = vload_half(kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8,
+          b_k[c] = vload_half(kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8 + (tx + c * TX) % 8,
           b_tile_smem);
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
@@ -223,9 +229,9 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
   }
   // schedules.tsr:18: return A @ B
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           vstore_half_rte((tsr_round_f16(acc[t])), (BM*pid_m + i) * N + BN*pid_n + j, out);
@@ -244,10 +250,13 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
   enum { BN = 128 };
   enum { BK = 32 };
   enum { THREADS = 128 };
+  enum { TY = 8 };
+  enum { TX = 16 };
+  enum { CHUNK_BYTES = 16 };
   __local uchar tsr_smem[16384] __attribute__((aligned(16)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 8192);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
@@ -263,31 +272,31 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -297,11 +306,11 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[16], b_k[8];
       for (int r = 0; r < 16; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 8; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
       for (int r = 0; r < 16; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -309,9 +318,9 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
   }
   // schedules.tsr:27: return relu(A @ B + bias)
   for (int r = 0; r < 16; ++r) {
-    const int i = ty + r * 8;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =

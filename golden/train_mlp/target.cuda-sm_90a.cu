@@ -118,27 +118,30 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && H % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -146,17 +149,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < D && BN*pid_n + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -165,17 +168,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && 32 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && 32 + j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
         }
       }
@@ -183,17 +186,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = 32 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 32 + i < D && BN*pid_n + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + ((32 + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               32 + i < D && BN*pid_n + j + q < H ? w1[(32 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -202,17 +205,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && 64 + j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
         }
       }
@@ -220,17 +223,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = 64 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 64 + i < D && BN*pid_n + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + ((64 + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               64 + i < D && BN*pid_n + j + q < H ? w1[(64 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -250,18 +253,18 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < D ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? x + ((BM*pid_m + i) * D + BK*kb + 96 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + 96 + j + q < D
                 ? x[(BM*pid_m + i) * D + BK*kb + 96 + j + q] : 0;
           }
@@ -270,18 +273,18 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + 96 + i < D && BN*pid_n + j < H ? 16 : 0;
+          const int bytes = BK*kb + 96 + i < D && BN*pid_n + j < H ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w1 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 96 + i < D && BN*pid_n + j + q < H
                 ? w1[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
           }
@@ -293,11 +296,11 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -305,9 +308,9 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanhf((acc[t] + (b1[BN*pid_n + j]))));
@@ -325,27 +328,30 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
         }
       }
@@ -353,17 +359,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < H && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -372,17 +378,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && 32 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && 32 + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + 32 + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && 32 + j + q < H ? hidden[(BM*pid_m + i) * H + 32 + j + q] : 0;
         }
       }
@@ -390,17 +396,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = 32 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 32 + i < H && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               32 + i < H && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -409,17 +415,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && 64 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && 64 + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + 64 + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && 64 + j + q < H ? hidden[(BM*pid_m + i) * H + 64 + j + q] : 0;
         }
       }
@@ -427,17 +433,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = 64 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 64 + i < H && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               64 + i < H && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -457,18 +463,18 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (hidden_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < H ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < H ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 96 + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + 96 + j + q < H
                 ? hidden[(BM*pid_m + i) * H + BK*kb + 96 + j + q] : 0;
           }
@@ -477,18 +483,18 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + 96 + i < H && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 96 + i < H && BN*pid_n + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 96 + i < H && BN*pid_n + j + q < C
                 ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -500,11 +506,11 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -512,9 +518,9 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
           logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
@@ -637,27 +643,30 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && H % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -665,17 +674,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < D && BN*pid_n + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -684,17 +693,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && 32 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && 32 + j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
         }
       }
@@ -702,17 +711,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = 32 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 32 + i < D && BN*pid_n + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + ((32 + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               32 + i < D && BN*pid_n + j + q < H ? w1[(32 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -721,17 +730,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && 64 + j < D ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
         }
       }
@@ -739,17 +748,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = 64 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 64 + i < D && BN*pid_n + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + ((64 + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               64 + i < D && BN*pid_n + j + q < H ? w1[(64 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -769,18 +778,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < D ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? x + ((BM*pid_m + i) * D + BK*kb + 96 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + 96 + j + q < D
                 ? x[(BM*pid_m + i) * D + BK*kb + 96 + j + q] : 0;
           }
@@ -789,18 +798,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + 96 + i < D && BN*pid_n + j < H ? 16 : 0;
+          const int bytes = BK*kb + 96 + i < D && BN*pid_n + j < H ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w1 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 96 + i < D && BN*pid_n + j + q < H
                 ? w1[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
           }
@@ -812,11 +821,11 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -824,9 +833,9 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanhf((acc[t] + (b1[BN*pid_n + j]))));
@@ -844,27 +853,30 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
         }
       }
@@ -872,17 +884,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < H && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -891,17 +903,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && 32 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && 32 + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + 32 + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && 32 + j + q < H ? hidden[(BM*pid_m + i) * H + 32 + j + q] : 0;
         }
       }
@@ -909,17 +921,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = 32 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 32 + i < H && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               32 + i < H && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -928,17 +940,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && 64 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && 64 + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + 64 + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && 64 + j + q < H ? hidden[(BM*pid_m + i) * H + 64 + j + q] : 0;
         }
       }
@@ -946,17 +958,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = 64 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 64 + i < H && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               64 + i < H && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -976,18 +988,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (hidden_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < H ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < H ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 96 + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + 96 + j + q < H
                 ? hidden[(BM*pid_m + i) * H + BK*kb + 96 + j + q] : 0;
           }
@@ -996,18 +1008,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + 96 + i < H && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 96 + i < H && BN*pid_n + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 96 + i < H && BN*pid_n + j + q < C
                 ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -1019,11 +1031,11 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1031,9 +1043,9 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
           logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
@@ -1245,23 +1257,24 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int THREADS = 128;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (t19_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t19 + ((BN*pid_n + i) * C + BM*pid_m + j) : t19, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < C ? t19[(BN*pid_n + i) * C + BM*pid_m + j + q]
             : 0;
       }
@@ -1274,7 +1287,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < C && col < B) t20[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
@@ -1318,27 +1331,30 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BM*pid_m + i < B && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + ((BM*pid_m + i) * C + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < C ? t19[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -1346,17 +1362,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BN*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BN*pid_n + i < H && j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BN*pid_n + i < H && j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((BN*pid_n + i) * C + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BN*pid_n + i < H && j + q < C ? w2[(BN*pid_n + i) * C + j + q] : 0;
         }
       }
@@ -1365,17 +1381,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   tsr_copy_commit();
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BM*pid_m + i < B && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && 32 + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + ((BM*pid_m + i) * C + 32 + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && 32 + j + q < C ? t19[(BM*pid_m + i) * C + 32 + j + q] : 0;
         }
       }
@@ -1383,17 +1399,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (32 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BN*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BN*pid_n + i < H && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BN*pid_n + i < H && 32 + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BN + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((BN*pid_n + i) * C + 32 + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BN + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BN*pid_n + i < H && 32 + j + q < C ? w2[(BN*pid_n + i) * C + 32 + j + q] : 0;
         }
       }
@@ -1402,17 +1418,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   tsr_copy_commit();
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BM*pid_m + i < B && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && 64 + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + ((BM*pid_m + i) * C + 64 + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && 64 + j + q < C ? t19[(BM*pid_m + i) * C + 64 + j + q] : 0;
         }
       }
@@ -1420,17 +1436,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (64 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BN*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BN*pid_n + i < H && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BN*pid_n + i < H && 64 + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BN + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((BN*pid_n + i) * C + 64 + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(2 * BN + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BN*pid_n + i < H && 64 + j + q < C ? w2[(BN*pid_n + i) * C + 64 + j + q] : 0;
         }
       }
@@ -1450,18 +1466,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t19_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + 96 + j + q < C
                 ? t19[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
           }
@@ -1470,18 +1486,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+      for (int e = lid; e < BN*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BN*pid_n + i < H && BK*kb + 96 + j < C ? 16 : 0;
+          const int bytes = BN*pid_n + i < H && BK*kb + 96 + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BN + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + 96 + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 3) % 4 * BN + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BN*pid_n + i < H && BK*kb + 96 + j + q < C
                 ? w2[(BN*pid_n + i) * C + BK*kb + 96 + j + q] : 0;
           }
@@ -1493,20 +1509,20 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 128 + tx + c * 16) * 32
-          + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
+          b_k[c] = b_tile_smem[((kb) % 4 * BN + tx + c * TX) * BK
+          + (kk / 4 ^ (tx + c * TX) % 8) * 4 + kk % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H) t21[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
@@ -1521,23 +1537,24 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k13(const float* __
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int THREADS = 128;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (hidden_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? hidden + ((BN*pid_n + i) * H + BM*pid_m + j) : hidden, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < H
             ? hidden[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
       }
@@ -1550,7 +1567,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k13(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < H && col < B) t22[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
@@ -1564,27 +1581,30 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool t22_aligned = tsr_aligned16(t22) && B % 4 == 0;
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t22_aligned) {
-        const int bytes = BM*pid_m + i < H && j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < H && j < B ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t22 + ((BM*pid_m + i) * B + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < H && j + q < B ? t22[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
@@ -1592,17 +1612,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t19_aligned) {
-        const int bytes = i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < B && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + (i * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < B && BN*pid_n + j + q < C ? t19[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -1611,17 +1631,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t22_aligned) {
-        const int bytes = BM*pid_m + i < H && 32 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < H && 32 + j < B ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t22 + ((BM*pid_m + i) * B + 32 + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < H && 32 + j + q < B ? t22[(BM*pid_m + i) * B + 32 + j + q] : 0;
         }
       }
@@ -1629,17 +1649,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t19_aligned) {
-        const int bytes = 32 + i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 32 + i < B && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + ((32 + i) * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               32 + i < B && BN*pid_n + j + q < C ? t19[(32 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -1648,17 +1668,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t22_aligned) {
-        const int bytes = BM*pid_m + i < H && 64 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < H && 64 + j < B ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t22 + ((BM*pid_m + i) * B + 64 + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < H && 64 + j + q < B ? t22[(BM*pid_m + i) * B + 64 + j + q] : 0;
         }
       }
@@ -1666,17 +1686,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t19_aligned) {
-        const int bytes = 64 + i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 64 + i < B && BN*pid_n + j < C ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + ((64 + i) * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               64 + i < B && BN*pid_n + j + q < C ? t19[(64 + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -1696,18 +1716,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t22_aligned) {
-          const int bytes = BM*pid_m + i < H && BK*kb + 96 + j < B ? 16 : 0;
+          const int bytes = BM*pid_m + i < H && BK*kb + 96 + j < B ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + 96 + j) : t22, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BM*pid_m + i < H && BK*kb + 96 + j + q < B
                 ? t22[(BM*pid_m + i) * B + BK*kb + 96 + j + q] : 0;
           }
@@ -1716,18 +1736,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (t19_aligned) {
-          const int bytes = BK*kb + 96 + i < B && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 96 + i < B && BN*pid_n + j < C ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? t19 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 96 + i < B && BN*pid_n + j + q < C
                 ? t19[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -1739,11 +1759,11 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -1751,9 +1771,9 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < H && BN*pid_n + j < C)
           out3[(BM*pid_m + i) * C + BN*pid_n + j] =
@@ -1789,23 +1809,24 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int THREADS = 128;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (t25_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t25 + ((BN*pid_n + i) * H + BM*pid_m + j) : t25, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < H ? t25[(BN*pid_n + i) * H + BM*pid_m + j + q]
             : 0;
       }
@@ -1818,7 +1839,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < H && col < B) t26[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
@@ -1860,23 +1881,24 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int THREADS = 128;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (x_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? x + ((BN*pid_n + i) * D + BM*pid_m + j) : x, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < D ? x[(BN*pid_n + i) * D + BM*pid_m + j + q]
             : 0;
       }
@@ -1889,7 +1911,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < D && col < B) t27[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
@@ -1903,27 +1925,30 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   constexpr int BN = 128;
   constexpr int BK = 32;
   constexpr int THREADS = 256;
+  constexpr int TY = 16;
+  constexpr int TX = 16;
+  constexpr int CHUNK_BYTES = 16;
   extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool t27_aligned = tsr_aligned16(t27) && B % 4 == 0;
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t27_aligned) {
-        const int bytes = BM*pid_m + i < D && j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < D && j < B ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t27 + ((BM*pid_m + i) * B + j) : t27, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < D && j + q < B ? t27[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
@@ -1931,17 +1956,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t25_aligned) {
-        const int bytes = i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < B && BN*pid_n + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t25 + (i * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < B && BN*pid_n + j + q < H ? t25[i * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -1950,17 +1975,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (32 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t27_aligned) {
-        const int bytes = BM*pid_m + i < D && 32 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < D && 32 + j < B ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t27 + ((BM*pid_m + i) * B + 32 + j) : t27, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < D && 32 + j + q < B ? t27[(BM*pid_m + i) * B + 32 + j + q] : 0;
         }
       }
@@ -1968,17 +1993,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (32 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t25_aligned) {
-        const int bytes = 32 + i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 32 + i < B && BN*pid_n + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t25 + ((32 + i) * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               32 + i < B && BN*pid_n + j + q < H ? t25[(32 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -1987,17 +2012,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (64 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t27_aligned) {
-        const int bytes = BM*pid_m + i < D && 64 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < D && 64 + j < B ? CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t27 + ((BM*pid_m + i) * B + 64 + j) : t27, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < D && 64 + j + q < B ? t27[(BM*pid_m + i) * B + 64 + j + q] : 0;
         }
       }
@@ -2005,17 +2030,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (64 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t25_aligned) {
-        const int bytes = 64 + i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = 64 + i < B && BN*pid_n + j < H ? CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t25 + ((64 + i) * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               64 + i < B && BN*pid_n + j + q < H ? t25[(64 + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -2035,18 +2060,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t27_aligned) {
-          const int bytes = BM*pid_m + i < D && BK*kb + 96 + j < B ? 16 : 0;
+          const int bytes = BM*pid_m + i < D && BK*kb + 96 + j < B ? CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + 96 + j) : t27, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BM*pid_m + i < D && BK*kb + 96 + j + q < B
                 ? t27[(BM*pid_m + i) * B + BK*kb + 96 + j + q] : 0;
           }
@@ -2055,18 +2080,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (t25_aligned) {
-          const int bytes = BK*kb + 96 + i < B && BN*pid_n + j < H ? 16 : 0;
+          const int bytes = BK*kb + 96 + i < B && BN*pid_n + j < H ? CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? t25 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : t25, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + 96 + i < B && BN*pid_n + j + q < H
                 ? t25[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
           }
@@ -2078,11 +2103,11 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
       float a_k[8], b_k[8];
       for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
       for (int r = 0; r < 8; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
@@ -2090,9 +2115,9 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
   for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < D && BN*pid_n + j < H)
           out1[(BM*pid_m + i) * H + BN*pid_n + j] =

@@ -93,12 +93,17 @@ _CONDITIONS = frozenset({*_COMPARED, *_LOGICAL})
 _ELEMENTWISE = frozenset(
     {*_OPERATORS, *_LOGICAL, *_UNARY, *_CALLED, "pow", "cast", "where", *DRAWN}
 )
+#: The names of the target's and the instructions' numbers (``named``), in the order a
+#: kernel declares them: the Grid's threads, a warp's lanes, a warp's part of a product,
+#: an MMA's shape and registers, a ``wgmma``'s rows and step, a copy's chunk.
+NUMBERS = ("TY", "TX", "WARP_SIZE", "WARP_M", "WARP_N", "MMA_M", "MMA_N", "MMA_K", "MMA_REGS",
+           "WGMMA_M", "WGMMA_K", "CHUNK_BYTES")  # fmt: skip
 #: Variables of the generated code and names every dialect declares; no value is named
 #: after them (nor after the header's and the template's ``tsr_`` names: ``OWN_PREFIX``).
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
                        "part", "m_new", "m_fin", "a_k", "b_k", "lane", "wave", "frag", "reg",
                        "fm", "fn", "q", "a_frag", "b_frag", "frag_acc", "rs", "bytes", "a_step",
-                       "j0", "pair", "half", "it"}) | GPU_BUILTINS  # fmt: skip
+                       "j0", "pair", "half", "it"}) | GPU_BUILTINS | set(NUMBERS)  # fmt: skip
 
 
 @frozen
@@ -181,6 +186,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.namer = Namer(
             frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY | self.constants.names
         )
+        #: The target's and the instructions' numbers the code names (``WARP_SIZE``,
+        #: ``MMA_M``), by name: their values.
+        self.numbers: dict[str, int] = {}
         #: What each value should be called, the source leaving it unnamed or not.
         self.temps = Temporaries(kernel.body, kernel.params)
         self.forms: dict[int, Form] = {}
@@ -279,6 +287,13 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         its tiles by name (``BM*BN``)."""
         return self.constants.count(t, self.factor, slot=True)
 
+    def named(self, name: str, value: int) -> str:
+        """``value`` by the name a kernel declares it under (``constexpr int MMA_K =
+        16;``, once, if the code uses it): a number of the target (its warp's lanes) or of
+        an instruction (an MMA's shape) that the code would otherwise repeat."""
+        assert name in NUMBERS and self.numbers.setdefault(name, value) == value, name
+        return name
+
     def c(self, dim: Dim) -> str:
         return c_dim(dim, self.symbols, self.constants.strides)
 
@@ -309,7 +324,10 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                    for name, value in self.stage_bytes_names.values()]  # fmt: skip
         prologue = (*derived, *self.prologue.values())
         code = re.sub(r"//.*", "", "\n".join((*prologue, *body)))
-        prologue = (*self.constants.declarations(code, self.d.constant), *prologue)
+        numbers = [self.d.constant.format(name=name, value=self.numbers[name])
+                   for name in NUMBERS
+                   if name in self.numbers and re.search(rf"\b{name}\b", code)]  # fmt: skip
+        prologue = (*self.constants.declarations(code, self.d.constant), *numbers, *prologue)
         return SimtKernel(self.kernel.name, tuple(params), sizes, grid, threads,
                           prologue, body,
                           frozenset(self.wgmma), self.smem_bytes, self.static_smem_bytes,
@@ -406,13 +424,21 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
     # -- walking a distribution -------------------------------------------------------------
 
     def place_in_grid(self) -> None:
-        tx = min(GRID_COLUMNS, self.kernel.threads)
+        """The thread's column ``tx`` and row ``ty`` in the Grid distribution's threads."""
+        tx = self.grid_threads()[1]
         self.declare("grid", f"const int tx = lid % {tx}, ty = lid / {tx};")
+
+    def grid_threads(self) -> tuple[str, str]:
+        """The rows and columns of the Grid distribution's threads, by name (``TY``,
+        ``TX``): a Grid walk steps by them."""
+        tx = min(GRID_COLUMNS, self.kernel.threads)
+        return self.named("TY", self.kernel.threads // tx), self.named("TX", tx)
 
     def place_in_wave(self) -> None:
         """The thread's lane, and its warp where the program has more than one."""
-        wave = f", wave = lid / {self.lanes}" if self.kernel.threads > self.lanes else ""
-        self.declare("wave", f"const int lane = lid % {self.lanes}{wave};")
+        lanes = self.named("WARP_SIZE", self.lanes)
+        wave = f", wave = lid / {lanes}" if self.kernel.threads > self.lanes else ""
+        self.declare("wave", f"const int lane = lid % {lanes}{wave};")
 
     def walk(self, dist: Distribution, t: Any = None) -> tuple[str, ...]:
         """Open the loops over this thread's elements of ``dist``, the layout of a value
@@ -438,7 +464,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             shape = dist.shape
             self.open_fragments(dist, 1)
             self.line(f"const int j = {dist.warp_col}{dist.frag_col}{shape.col};")
-            self.line(f"const int t = frag * {shape.regs} + reg;")
+            self.line(f"const int t = frag * {self.named('MMA_REGS', shape.regs)} + reg;")
             index = ("i", "j")
         elif isinstance(dist, FragmentRows):
             self.place_in_wave()
@@ -447,8 +473,10 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
             self.unroll()
             self.open(f"for (int rs = 0; rs < {shape.row_slots}; ++rs)")
-            first = f"wave * {dist.rows // dist.wm} + " if dist.wm > 1 else ""
-            self.line(f"const int i = {first}fm * {shape.m} + {shape.slot_row};")
+            first = f"wave * {self.named('WARP_M', dist.rows // dist.wm)} + " if dist.wm > 1 else ""
+            self.line(
+                f"const int i = {first}fm * {self.named('MMA_M', shape.m)} + {shape.slot_row};"
+            )
             self.line(f"const int r = fm * {shape.row_slots} + rs;")
             index = ("i",)
         else:
@@ -456,11 +484,12 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             self.open(
                 f"for (int r = 0; r < {dist.slots if isinstance(dist, Rows) else dist.rm}; ++r)"
             )
-            self.line(f"const int i = ty + r * {dist.ty};")
+            ty, tx = self.grid_threads()
+            self.line(f"const int i = ty + r * {ty};")
             index = ("i",)
             if isinstance(dist, Grid):
                 self.open(f"for (int c = 0; c < {dist.rn}; ++c)")
-                self.line(f"const int j = tx + c * {dist.tx};")
+                self.line(f"const int j = tx + c * {tx};")
                 self.line(f"const int t = r * {dist.rn} + c;")
                 index = ("i", "j")
         self.walking = dist
@@ -476,7 +505,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.open(f"for (int frag = 0; frag < {dist.fm * dist.fn}; ++frag)")
         self.unroll()
         increment = "++reg" if step == 1 else f"reg += {step}"
-        self.open(f"for (int reg = 0; reg < {shape.regs}; {increment})")
+        self.open(f"for (int reg = 0; reg < {self.named('MMA_REGS', shape.regs)}; {increment})")
         self.line(f"const int i = {dist.warp_row}{dist.frag_row}{shape.row};")
 
     def close_walk(self) -> None:
@@ -1072,7 +1101,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         if re.search(r"\bj\b", value):
             self.line("const int j = j0 + half;")
         if re.search(r"\bt\b", value):
-            self.line(f"const int t = frag * {shape.regs} + reg + half;")
+            self.line(f"const int t = frag * {self.named('MMA_REGS', shape.regs)} + reg + half;")
         self.line(f"pair[half] = {value};")
         self.close()
         dtype, pointer = tensor.type.dtype.name, self.forms[tensor.id].name

@@ -110,8 +110,8 @@ class FragmentShape:
 
 #: 32x32 MFMA on 64-lane wavefronts (AMD's CDNA matrix-instruction layout): column
 #: ``lane % 32``, and sixteen rows per lane.
-MFMA_32X32 = FragmentShape(32, 32, 16, 16, "reg", "rs / 4 * 8 + lane / 32 * 4 + rs % 4",
-                           "lane % 32", (1, 2, 4, 8, 16))  # fmt: skip
+MFMA_32X32 = FragmentShape(32, 32, 16, 16, "reg", "rs / 4 * 8 + lane / MMA_N * 4 + rs % 4",
+                           "lane % MMA_N", (1, 2, 4, 8, 16))  # fmt: skip
 #: ``mma.sync`` m16n8 on 32-lane warps (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
 #: rows ``lane / 4`` and ``lane / 4 + 8``, two neighbouring columns in each. A ``wgmma``
 #: accumulator is the same fragment repeated along its columns.
@@ -122,7 +122,9 @@ MMA_16X8 = FragmentShape(16, 8, 4, 2, "reg / 2", "lane / 4 + rs * 8", "lane % 4 
 @frozen
 class Fragments:
     """A 2-D tile in the accumulator layout of a matrix instruction: ``wm x wn`` warps
-    each own a ``rows/wm x cols/wn`` part, made of ``shape`` fragments."""
+    each own a ``rows/wm x cols/wn`` part, made of ``shape`` fragments. The terms it
+    prints name the instruction's shape and the warp's part (``MMA_M``, ``WARP_M``), which
+    the kernel declares (``numbers``)."""
 
     rows: int
     cols: int
@@ -142,17 +144,27 @@ class Fragments:
     def slots(self) -> int:
         return self.fm * self.fn * self.shape.regs
 
+    def numbers(self) -> dict[str, int]:
+        """The named numbers its terms print, and their values (a warp's part along an
+        axis that one warp spans is the tile's, never printed)."""
+        numbers = {"MMA_M": self.shape.m, "MMA_N": self.shape.n, "MMA_REGS": self.shape.regs}
+        if self.wm > 1:
+            numbers["WARP_M"] = self.rows // self.wm
+        if self.wn > 1:
+            numbers["WARP_N"] = self.cols // self.wn
+        return numbers
+
     @property
     def frag_row(self) -> str:
         """The first row of fragment ``frag`` in its warp's part, as a term of a sum (""
         where the part is one fragment high, whose ``frag / fn`` is 0)."""
-        return "" if self.fm == 1 else f"frag / {self.fn} * {self.shape.m} + "
+        return "" if self.fm == 1 else f"frag / {self.fn} * MMA_M + "
 
     @property
     def frag_col(self) -> str:
         """The first column of fragment ``frag`` in its warp's part, as a term of a sum
         ("" where the part is one fragment wide, whose ``frag % fn`` is 0)."""
-        return "" if self.fn == 1 else f"frag % {self.fn} * {self.shape.n} + "
+        return "" if self.fn == 1 else f"frag % {self.fn} * MMA_N + "
 
     @property
     def warp_row(self) -> str:
@@ -160,12 +172,12 @@ class Fragments:
         if self.wm == 1:
             return ""
         wave = "wave" if self.wn == 1 else f"wave / {self.wn}"
-        return f"{wave} * {self.rows // self.wm} + "
+        return f"{wave} * WARP_M + "
 
     @property
     def warp_col(self) -> str:
         """The first column of warp ``wave``'s part, as a term of a sum."""
-        return "" if self.wn == 1 else f"wave % {self.wn} * {self.cols // self.wn} + "
+        return "" if self.wn == 1 else f"wave % {self.wn} * WARP_N + "
 
 
 @frozen
@@ -234,8 +246,18 @@ def rows_for(rows: Dim, threads: int) -> Rows:
     return Rows(grid.rows, grid.ty)
 
 
-def smem_index(layout: str, dims: tuple[Dim, ...], bits: int, slot: str, i: str, j: str) -> str:
-    """The element offset of ``(i, j)`` in slot ``slot`` of a ``[rows, cols]`` buffer.
+def smem_index(
+    layout: str,
+    dims: tuple[Dim, ...],
+    bits: int,
+    slot: str,
+    i: str,
+    j: str,
+    extents: tuple[str, str] | None = None,
+) -> str:
+    """The element offset of ``(i, j)`` in slot ``slot`` of a ``[rows, cols]`` buffer;
+    ``extents`` are its rows and columns as the code prints them (``BM``, ``BK``: the
+    tiles they are), the numbers where not given.
 
     ``row-major`` and ``padded +P`` (rows ``cols + P`` elements apart) are plain. In
     ``xor``, 16-byte chunk ``k`` of row ``i`` is stored at chunk ``k ^ (i % g)``, where
@@ -247,8 +269,12 @@ def smem_index(layout: str, dims: tuple[Dim, ...], bits: int, slot: str, i: str,
     assert rows is not None and cols is not None
     if layout == "sw128":
         return _sw128_index(rows, cols, bits, slot, i, j)
-    stride = cols + int(layout.removeprefix("padded +")) if layout.startswith("padded") else cols
-    row = i if slot == "0" else f"{slot} * {rows} + {i}"
+    c_rows, c_cols = extents or (str(rows), str(cols))
+    stride = c_cols
+    if layout.startswith("padded"):
+        pad = int(layout.removeprefix("padded +"))
+        stride = str(cols + pad) if c_cols.isdigit() else f"({c_cols} + {pad})"
+    row = i if slot == "0" else f"{slot} * {c_rows} + {i}"
     column = j
     if layout == "xor":
         per_chunk = CHUNK_BYTES * 8 // bits

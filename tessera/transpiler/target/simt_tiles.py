@@ -209,13 +209,21 @@ class TileOps:
         at = self.slot_index(buf, slot)
         extents = tuple(d.constant for d in t.dims[-2:])
         name = self.forms[buf.id].name
+        named = self.smem_extents(t)
 
         def element(index: tuple[str, ...]) -> str:
             index = self.shared_coords(op, name, extents, index)
             i, j = index if len(index) == 2 else ("0", index[0])
-            return smem_index(layout, t.dims, t.dtype.bits, at, i, j)
+            return smem_index(layout, t.dims, t.dtype.bits, at, i, j, named)
 
         return element
+
+    def smem_extents(self, t: SharedType) -> tuple[str, str]:
+        """The rows and columns of a slot of a shared buffer of type ``t``, as the code
+        prints them: the names of the tiles they are (``BN``, ``BD``)."""
+        dims = self.constants.shape(t)
+        rows, cols = dims[-2:] if len(dims) > 1 else (Dim.const(1), dims[0])
+        return self.c(rows), self.c(cols)
 
     def op_copy(self, op: Op) -> None:
         """A copy of a tile from global into shared memory, in 16-byte chunks where its
@@ -304,9 +312,12 @@ class TileOps:
         place = self.smem_element(buf, op.attr("slot"), op)
         dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
         per = CHUNK_BYTES * 8 // buf.type.dtype.bits
-        *rows, cols = (d.constant for d in buf.type.dims)
-        row_chunks = cols // per
-        chunks = row_chunks * (rows[0] if rows else 1)
+        rows = len(buf.type.dims) > 1
+        cols = self.smem_extents(buf.type)[1]
+        # the chunks of a row and of the tile: numbers, or the tiles' names divided
+        row_chunks = str(int(cols) // per) if cols.isdigit() else f"({cols} / {per})"
+        chunks = self.count(buf.type)
+        chunks = str(int(chunks) // per) if chunks.isdigit() else f"{chunks} / {per}"
         # A loop the compiler keeps rolled, as the element copies' is: unrolled, it keeps
         # every chunk's address live across the loop the copy runs ahead in.
         self.open(f"for (int e = lid; e < {chunks}; e += {self.constants.threads[1]})")
@@ -317,10 +328,11 @@ class TileOps:
             self.line(f"const int j = e * {per};")
         index = ("i", "j") if rows else ("j",)
         offset, live = self.address(tensor, at, index)
-        source, bytes_ = f"{src} + {offset}", str(CHUNK_BYTES)
+        chunk = self.named("CHUNK_BYTES", CHUNK_BYTES)
+        source, bytes_ = f"{src} + {offset}", chunk
         self.open(f"if ({aligned})")
         if live:
-            self.line(f"const int bytes = {live} ? {CHUNK_BYTES} : 0;")
+            self.line(f"const int bytes = {live} ? {chunk} : 0;")
             source, bytes_ = f"bytes ? {src} + {parenthesized(offset)} : {src}", "bytes"
         function = "tsr_copy_async16" if op.attr("async") and self.d.async_copy else "tsr_copy16"
         self.line(f"{function}({dst} + {parenthesized(place(index))}, {source}, {bytes_});")
@@ -416,7 +428,10 @@ class TileOps:
             raise NotLowered(f"the matrix instruction {mma.inst}")
         if not covers((shape.m, shape.n), rows, cols, (wm, wn)):
             raise NotLowered(f"a {rows}x{cols} product over {wm}x{wn} warps of {mma.inst}")
-        return Fragments(rows, cols, wm, wn, shape)
+        dist = Fragments(rows, cols, wm, wn, shape)
+        for name, value in dist.numbers().items():
+            self.named(name, value)
+        return dist
 
     def op_dot(self, op: Op) -> None:
         a, b = op.operands
@@ -454,9 +469,10 @@ class TileOps:
         frag = self.namer.fresh(f"{a.name or 'a'}_frag")
         self.line(f"unsigned {frag}[{depth.constant // _WGMMA_K}][4];")
         self.unroll()
-        self.open(f"for (int kk = 0; kk < {self.c(named)}; kk += {_WGMMA_K})")
+        mma_k = self.named("MMA_K", _WGMMA_K)
+        self.open(f"for (int kk = 0; kk < {self.c(named)}; kk += {mma_k})")
         row, k = f"{dist.warp_row}lane / 4", "kk + lane % 4 * 2"
-        self.a_fragment(f"{frag}[kk / {_WGMMA_K}]", self.operand(a, op), row, k)
+        self.a_fragment(f"{frag}[kk / {mma_k}]", self.operand(a, op), row, k)
         self.close()
         self.wgmma_product(op, frag, b_view, named, acc, dist)
 
@@ -530,7 +546,8 @@ class TileOps:
         self.place_in_grid()
         self.open(f"for (int kk = 0; {bound}; ++kk)")
         self.line(f"float a_k[{rm}], b_k[{rn}];")
-        row, col = f"ty + r * {dist.ty}", f"tx + c * {dist.tx}"
+        ty, tx = self.grid_threads()
+        row, col = f"ty + r * {ty}", f"tx + c * {tx}"
         self.line(f"for (int r = 0; r < {rm}; ++r) a_k[r] = {a((row, 'kk'))};")
         self.line(f"for (int c = 0; c < {rn}; ++c) b_k[c] = {b(('kk', col))};")
         self.open(f"for (int r = 0; r < {rm}; ++r)")
@@ -614,12 +631,12 @@ class TileOps:
         n = dist.cols
         self.wgmma.add((dtype, n, form))
         self.place_in_wave()
-        rows = f"wave / {_WARPGROUP} * {_WGMMA_M}"
+        rows = f"wave / {_WARPGROUP} * {self.named('WGMMA_M', _WGMMA_M)}"
         b_desc = self.descriptor(b, "b", "kk", "0")
         trans_b = int(not b.k_major("b"))
         self.line("tsr_wgmma_fence();")
         self.unroll()
-        self.open(f"for (int kk = 0; kk < {self.c(depth)}; kk += {step})")
+        self.open(f"for (int kk = 0; kk < {self.c(depth)}; kk += {self.named('WGMMA_K', step)})")
         function = f"tsr_wgmma_m{_WGMMA_M}n{n}k{step}_{dtype}_{form}"
         if isinstance(a, SmemView):
             a_desc = self.descriptor(a, "a", "kk", rows)
@@ -627,7 +644,8 @@ class TileOps:
             modes = f"<{trans_a}, {trans_b}>" if transposable else ""
             self.line(f"{function}{modes}({acc}, {a_desc}, {b_desc});")
         else:
-            self.line(f"{function}<{trans_b}>({acc}, {a}[kk / {_WGMMA_K}], {b_desc});")
+            mma_k = self.named("MMA_K", _WGMMA_K)
+            self.line(f"{function}<{trans_b}>({acc}, {a}[kk / {mma_k}], {b_desc});")
         self.close()
         self.line("tsr_wgmma_commit();")
         in_flight = op.attr("mma").in_flight
@@ -650,21 +668,21 @@ class TileOps:
         step, vector = _MFMA[inst][:2]
         per_lane = step // 2
         self.place_in_wave()
-        row = f"{dist.warp_row}fm * 32 + lane % 32"
-        col = f"{dist.warp_col}fn * 32 + lane % 32"
-        k = "kk + lane / 32" if per_lane == 1 else f"kk + lane / 32 * {per_lane} + q"
-        self.open(f"for (int kk = 0; {bound}; kk += {step})")
+        row = f"{dist.warp_row}fm * MMA_M + lane % MMA_M"
+        col = f"{dist.warp_col}fn * MMA_N + lane % MMA_N"
+        k = "kk + lane / MMA_M" if per_lane == 1 else f"kk + lane / MMA_M * {per_lane} + q"
+        self.open(f"for (int kk = 0; {bound}; kk += {self.named('MMA_K', step)})")
         self.unroll()
         self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
         self.fragment("a_frag", vector, per_lane, a((row, k)))
         self.unroll()
         self.open(f"for (int fn = 0; fn < {dist.fn}; ++fn)")
         self.fragment("b_frag", vector, per_lane, b((k, col)))
-        slots = f"{acc}[(fm * {dist.fn} + fn) * 16 + reg]"
+        slots = f"{acc}[(fm * {dist.fn} + fn) * MMA_REGS + reg]"
         self.line("tsr_floatx16 frag_acc;")
-        self.line(f"for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = {slots};")
+        self.line(f"for (int reg = 0; reg < MMA_REGS; ++reg) frag_acc[reg] = {slots};")
         self.line(f"frag_acc = __builtin_amdgcn_{inst}(a_frag, b_frag, frag_acc, 0, 0, 0);")
-        self.line(f"for (int reg = 0; reg < 16; ++reg) {slots} = frag_acc[reg];")
+        self.line(f"for (int reg = 0; reg < MMA_REGS; ++reg) {slots} = frag_acc[reg];")
         self.close()
         self.close()
         self.close()
@@ -687,18 +705,19 @@ class TileOps:
         an array indexed by a variable of a loop that does not unroll (its bound is the
         live corner's) would live in local memory."""
         self.place_in_wave()
-        row = f"{dist.warp_row}fm * 16"
-        col = f"{dist.warp_col}fn * 8"
+        row = f"{dist.warp_row}fm * MMA_M"
+        col = f"{dist.warp_col}fn * MMA_N"
         tf32 = function == _MMA_SYNC["tf32"][0]
         k = "kk + lane % 4" if tf32 else "kk + lane % 4 * 2"
         assert not isinstance(a, str) or dist.fm == 1, "loaded fragments are one strip's"
         if tf32 and isinstance(a, str):
             raise NotLowered("a tf32 product of probabilities held in registers")
-        self.open(f"for (int kk = 0; {bound}; kk += {8 if tf32 else 16})")
+        mma_k = self.named("MMA_K", 8 if tf32 else _WGMMA_K)
+        self.open(f"for (int kk = 0; {bound}; kk += {mma_k})")
         if isinstance(a, str):
             choice = f"{a}[0][q]"
             for step in range(1, steps):
-                choice = f"kk == {step * _WGMMA_K} ? {a}[{step}][q] : {choice}"
+                choice = f"kk == {step} * {mma_k} ? {a}[{step}][q] : {choice}"
             self.line("unsigned a_step[4];")
             self.unroll()
             self.line(f"for (int q = 0; q < 4; ++q) a_step[q] = {choice};")
@@ -728,10 +747,10 @@ class TileOps:
                 pair = f"{b((kq, f'{col} + lane / 4'))}, {b((f'{kq} + 1', f'{col} + lane / 4'))}"
                 self.line(f"b_frag[{q}] = tsr_pack_b16({pair});")
         if isinstance(a, str):
-            self.line(f"{function}(&{acc}[fn * 4], a_step, b_frag);")
+            self.line(f"{function}(&{acc}[fn * MMA_REGS], a_step, b_frag);")
         else:
             self.unroll()
-            slots = f"&{acc}[(fm * {dist.fn} + fn) * 4]"
+            slots = f"&{acc}[(fm * {dist.fn} + fn) * MMA_REGS]"
             self.line(
                 f"for (int fm = 0; fm < {dist.fm}; ++fm) {function}({slots}, a_frag[fm], b_frag);"
             )
@@ -980,13 +999,14 @@ class TileOps:
         self.line(f"unsigned {frag}[{p_dist.cols // _WGMMA_K}][4];")
         self.unroll()
         named = self.constants.shape(p.type)[1]  # p's columns: the product's depth
-        self.open(f"for (int kk = 0; kk < {self.c(named)}; kk += {_WGMMA_K})")
+        mma_k = self.named("MMA_K", _WGMMA_K)
+        self.open(f"for (int kk = 0; kk < {self.c(named)}; kk += {mma_k})")
         for q in range(4):
             # Fragment kk / 8 + q / 2, registers 2 (q % 2) and the next, in row slot q % 2.
             slots = [q // 2 * 4 + q % 2 * 2 + one for one in (0, 1)]
             pair = [rounded.format(x=f"{name}[kk / 2{f' + {t}' if t else ''}] * {beta}[{q % 2}]")
                     for t in slots]  # fmt: skip
-            self.line(f"{frag}[kk / {_WGMMA_K}][{q}] = tsr_pack_b16({pair[0]}, {pair[1]});")
+            self.line(f"{frag}[kk / {mma_k}][{q}] = tsr_pack_b16({pair[0]}, {pair[1]});")
         self.close()
         view = self.views.get(v.id)
         if self.wgmma_ready(op, dist, depth, view):
