@@ -23,6 +23,14 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -30,6 +38,10 @@ __device__ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); 
 __device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -83,14 +95,14 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -132,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -140,11 +152,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int TY = 16;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
@@ -159,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
@@ -178,7 +191,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -190,44 +203,44 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (16 + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(16 + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -237,38 +250,38 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 32 + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+              wq + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -276,19 +289,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
           + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
           b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
           + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
@@ -299,14 +312,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __restrict__ t0,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -326,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -334,11 +347,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int TY = 16;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
@@ -353,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
@@ -372,7 +386,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, CHUNK_BYTES);
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -384,44 +398,44 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (16 + i) * 128 + BN*pid_n + j, CHUNK_BYTES);
+            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(16 + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -431,38 +445,38 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 32 + i) * 128 + BN*pid_n + j, CHUNK_BYTES);
+              wk + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 32 + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -470,19 +484,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
           + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
           b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
           + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
@@ -493,14 +507,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __restrict__ t3,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -520,7 +534,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -528,11 +542,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int TY = 16;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
@@ -547,7 +562,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
@@ -566,7 +581,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, CHUNK_BYTES);
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -578,44 +593,44 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (16 + i) * 128 + BN*pid_n + j, CHUNK_BYTES);
+            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(16 + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -625,38 +640,38 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 32 + i) * 128 + BN*pid_n + j, CHUNK_BYTES);
+              wv + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 32 + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -664,19 +679,19 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
           + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
           b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
           + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
@@ -687,13 +702,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __restrict__ t6,
     float* __restrict__ out2, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -707,13 +722,13 @@ extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __rest
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
-// grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 128 threads per program
+// grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restrict__ o,
     float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -727,7 +742,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restr
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0,
     const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
     const long long B, const long long T) {
@@ -736,11 +751,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int TY = 16;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool t0_aligned = tsr_aligned16(t0);
@@ -755,7 +771,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t0, bytes);
       } else {
@@ -774,7 +790,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -786,44 +802,44 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (16 + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wo + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(16 + i) * 256 + BN*pid_n + j + q];
+              wo[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -833,38 +849,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (t0_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : t0, bytes);
+              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + 32 + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+              wo + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -872,20 +889,20 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
           + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
           b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
           + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:30: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
@@ -897,14 +914,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restrict__ x_1,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -946,7 +963,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
-// grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h,
     const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -954,11 +971,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int TY = 16;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
@@ -973,7 +991,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
@@ -992,7 +1010,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, CHUNK_BYTES);
+            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -1004,44 +1022,44 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (16 + i) * 512 + BN*pid_n + j, CHUNK_BYTES);
+            wg + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(16 + i) * 512 + BN*pid_n + j + q];
+              wg[(BK + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1051,38 +1069,38 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + 32 + i) * 512 + BN*pid_n + j, CHUNK_BYTES);
+              wg + (BK*kb + 2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + 32 + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + 2*BK + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -1090,20 +1108,20 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
           + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
           b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
           + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
@@ -1115,7 +1133,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
-// grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h,
     const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6,
     const long long B, const long long T) {
@@ -1124,11 +1142,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int TY = 16;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
@@ -1143,7 +1162,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
@@ -1162,7 +1181,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, CHUNK_BYTES);
+            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -1174,44 +1193,44 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
+  if (BK < 256) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (16 + i) * 512 + BN*pid_n + j, CHUNK_BYTES);
+            wu + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(16 + i) * 512 + BN*pid_n + j + q];
+              wu[(BK + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1221,38 +1240,38 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
+    if (BK*kb + 2*BK < 256) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + 32 + i) * 512 + BN*pid_n + j, CHUNK_BYTES);
+              wu + (BK*kb + 2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + 32 + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + 2*BK + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -1260,20 +1279,20 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
           + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
           b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
           + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
@@ -1285,7 +1304,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6,
     const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out,
     const long long B, const long long T) {
@@ -1294,11 +1313,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int TY = 16;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool t6_aligned = tsr_aligned16(t6);
@@ -1313,7 +1333,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t6, bytes);
       } else {
@@ -1332,7 +1352,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -1344,44 +1364,44 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 512) {
+  if (BK < 512) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + 16 + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + 16 + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 512) {
+  if (BK < 512) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (16 + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wd + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(16 + i) * 256 + BN*pid_n + j + q];
+              wd[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1391,38 +1411,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 512) {
+    if (BK*kb + 2*BK < 512) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (t6_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 32 + j) : t6, bytes);
+              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 2*BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 32 + j + q] : 0;
+                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 2*BK + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 512) {
+    if (BK*kb + 2*BK < 512) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + 32 + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+              wd + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -1430,20 +1451,20 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
           + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
           b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
           + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;

@@ -23,6 +23,18 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 64 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 32, TSR_MMA_N = 32, TSR_MMA_REGS = 16, TSR_LANE_ROWS = 16 };
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -37,6 +49,10 @@ typedef _Float16 tsr_halfx4 __attribute__((ext_vector_type(4)));
 typedef float tsr_floatx16 __attribute__((ext_vector_type(16)));
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -71,14 +87,14 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -120,7 +136,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -128,21 +144,16 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int WARP_SIZE = 64;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
-  constexpr int MMA_M = 32;
-  constexpr int MMA_N = 32;
   constexpr int MMA_K = 2;
-  constexpr int MMA_REGS = 16;
-  constexpr int CHUNK_BYTES = 16;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
-  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
@@ -152,7 +163,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
@@ -171,7 +182,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -182,12 +193,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -199,7 +210,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
@@ -218,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
@@ -231,48 +242,50 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
-            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
-            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
-            + (kk + lane / MMA_M) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
-              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
-              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
-          + reg % 4;
-      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k2(const float* __restrict__ t0,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -292,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k2(const float* __rest
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -300,21 +313,16 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int WARP_SIZE = 64;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
-  constexpr int MMA_M = 32;
-  constexpr int MMA_N = 32;
   constexpr int MMA_K = 2;
-  constexpr int MMA_REGS = 16;
-  constexpr int CHUNK_BYTES = 16;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
-  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
@@ -324,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
@@ -343,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, CHUNK_BYTES);
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -354,12 +362,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -371,7 +379,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
@@ -390,7 +398,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, CHUNK_BYTES);
+              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
@@ -403,48 +411,50 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
-            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
-            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
-            + (kk + lane / MMA_M) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
-              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
-              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
-          + reg % 4;
-      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k4(const float* __restrict__ t3,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -464,7 +474,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k4(const float* __rest
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -472,21 +482,16 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int WARP_SIZE = 64;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
-  constexpr int MMA_M = 32;
-  constexpr int MMA_N = 32;
   constexpr int MMA_K = 2;
-  constexpr int MMA_REGS = 16;
-  constexpr int CHUNK_BYTES = 16;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
-  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
@@ -496,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
@@ -515,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, CHUNK_BYTES);
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -526,12 +531,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -543,7 +548,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
@@ -562,7 +567,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, CHUNK_BYTES);
+              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
@@ -575,47 +580,49 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
-            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
-            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
-            + (kk + lane / MMA_M) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
-              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
-              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
-          + reg % 4;
-      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k6(const float* __restrict__ t6,
     float* __restrict__ out2, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -629,13 +636,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k6(const float* __rest
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
-// grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 256 threads per program
+// grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k0(const float* __restrict__ o,
     float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -649,7 +656,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k0(const float* __restr
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0,
     const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
     const long long B, const long long T) {
@@ -658,21 +665,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int WARP_SIZE = 64;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
-  constexpr int MMA_M = 32;
-  constexpr int MMA_N = 32;
   constexpr int MMA_K = 2;
-  constexpr int MMA_REGS = 16;
-  constexpr int CHUNK_BYTES = 16;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t0_aligned = tsr_aligned16(t0);
   const bool wo_aligned = tsr_aligned16(wo);
-  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
@@ -682,7 +684,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t0, bytes);
       } else {
@@ -701,7 +703,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -712,12 +714,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -729,7 +731,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (t0_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : t0, bytes);
         } else {
@@ -748,7 +750,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + BK + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+              wo + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
@@ -761,35 +763,37 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
-            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
-            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
-            + (kk + lane / MMA_M) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
-              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
-              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decode.tsr:30: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
-          + reg % 4;
-      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
     }
@@ -797,14 +801,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restrict__ x_1,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -846,7 +850,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
-// grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h,
     const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -854,21 +858,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int WARP_SIZE = 64;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
-  constexpr int MMA_M = 32;
-  constexpr int MMA_N = 32;
   constexpr int MMA_K = 2;
-  constexpr int MMA_REGS = 16;
-  constexpr int CHUNK_BYTES = 16;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wg_aligned = tsr_aligned16(wg);
-  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
@@ -878,7 +877,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
@@ -897,7 +896,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, CHUNK_BYTES);
+            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -908,12 +907,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -925,7 +924,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
@@ -944,7 +943,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + BK + i) * 512 + BN*pid_n + j, CHUNK_BYTES);
+              wg + (BK*kb + BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
@@ -957,35 +956,37 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
-            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
-            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
-            + (kk + lane / MMA_M) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
-              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
-              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
-          + reg % 4;
-      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
@@ -993,7 +994,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
-// grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h,
     const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6,
     const long long B, const long long T) {
@@ -1002,21 +1003,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int WARP_SIZE = 64;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
-  constexpr int MMA_M = 32;
-  constexpr int MMA_N = 32;
   constexpr int MMA_K = 2;
-  constexpr int MMA_REGS = 16;
-  constexpr int CHUNK_BYTES = 16;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wu_aligned = tsr_aligned16(wu);
-  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
@@ -1026,7 +1022,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
@@ -1045,7 +1041,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, CHUNK_BYTES);
+            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -1056,12 +1052,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1073,7 +1069,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
@@ -1092,7 +1088,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + BK + i) * 512 + BN*pid_n + j, CHUNK_BYTES);
+              wu + (BK*kb + BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
@@ -1105,35 +1101,37 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
-            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
-            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
-            + (kk + lane / MMA_M) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
-              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
-              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
-          + reg % 4;
-      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
     }
@@ -1141,7 +1139,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6,
     const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out,
     const long long B, const long long T) {
@@ -1150,21 +1148,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  constexpr int WARP_SIZE = 64;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
-  constexpr int MMA_M = 32;
-  constexpr int MMA_N = 32;
   constexpr int MMA_K = 2;
-  constexpr int MMA_REGS = 16;
-  constexpr int CHUNK_BYTES = 16;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t6_aligned = tsr_aligned16(t6);
   const bool wd_aligned = tsr_aligned16(wd);
-  const int lane = lid % WARP_SIZE, wave = lid / WARP_SIZE;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
@@ -1174,7 +1167,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t6, bytes);
       } else {
@@ -1193,7 +1186,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -1204,12 +1197,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1221,7 +1214,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (t6_aligned) {
-          const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j) : t6, bytes);
         } else {
@@ -1240,7 +1233,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + BK + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+              wd + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
@@ -1253,35 +1246,37 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * MMA_M
-            + lane % MMA_M) * BK + ((kk + lane / MMA_M)
-            / 4 ^ (wave / 2 * WARP_M + fm * MMA_M + lane % MMA_M) % 4) * 4
-            + (kk + lane / MMA_M) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / MMA_M) * BN
-              + ((wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) / 4 ^ (kk + lane / MMA_M) % 8)
-              * 4 + (wave % 2 * WARP_N + fn * MMA_N + lane % MMA_N) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              frag_acc[reg] = acc[(fm * 2 + fn) * MMA_REGS + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < MMA_REGS; ++reg)
-              acc[(fm * 2 + fn) * MMA_REGS + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < MMA_REGS; ++reg) {
-      const int i = wave / 2 * WARP_M + frag / 2 * MMA_M + reg / 4 * 8 + lane / MMA_N * 4
-          + reg % 4;
-      const int j = wave % 2 * WARP_N + frag % 2 * MMA_N + lane % MMA_N;
-      const int t = frag * MMA_REGS + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
     }

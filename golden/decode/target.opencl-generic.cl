@@ -23,6 +23,14 @@
 // read and written with vload_half / vstore_half_rte, which need no extension).
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- math
 
 inline float tsr_relu(float x) { return fmax(x, 0.0f); }
@@ -30,6 +38,10 @@ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
 inline float tsr_silu(float x) { return x / (1.0f + exp(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -64,14 +76,14 @@ inline float tsr_group_sum(__local float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k0(__global const float* restrict x, __global const float* restrict norm_1,
     __global float* restrict h, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
@@ -109,7 +121,7 @@ void project_k0(__global const float* restrict x, __global const float* restrict
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k1(__global const float* restrict h, __global const float* restrict wq,
     __global float* restrict t0, const long B, const long T) {
@@ -118,11 +130,11 @@ void project_k1(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  enum { TY = 8 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
-  enum { CHUNK_BYTES = 16 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -132,8 +144,8 @@ void project_k1(__global const float* restrict h, __global const float* restrict
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -146,7 +158,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
@@ -162,7 +174,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -173,17 +185,17 @@ void project_k1(__global const float* restrict h, __global const float* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -194,7 +206,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k2(__global const float* restrict t0, __global const float* restrict cos_1,
     __global const float* restrict sin_1, __global float* restrict out0, const long B,
@@ -202,7 +214,7 @@ void project_k2(__global const float* restrict t0, __global const float* restric
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -222,7 +234,7 @@ void project_k2(__global const float* restrict t0, __global const float* restric
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k3(__global const float* restrict h, __global const float* restrict wk,
     __global float* restrict t3, const long B, const long T) {
@@ -231,11 +243,11 @@ void project_k3(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  enum { TY = 8 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
-  enum { CHUNK_BYTES = 16 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -245,8 +257,8 @@ void project_k3(__global const float* restrict h, __global const float* restrict
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -259,7 +271,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
@@ -275,7 +287,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, CHUNK_BYTES);
+            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -286,17 +298,17 @@ void project_k3(__global const float* restrict h, __global const float* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -307,7 +319,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k4(__global const float* restrict t3, __global const float* restrict cos_1,
     __global const float* restrict sin_1, __global float* restrict out1, const long B,
@@ -315,7 +327,7 @@ void project_k4(__global const float* restrict t3, __global const float* restric
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -335,7 +347,7 @@ void project_k4(__global const float* restrict t3, __global const float* restric
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k5(__global const float* restrict h, __global const float* restrict wv,
     __global float* restrict t6, const long B, const long T) {
@@ -344,11 +356,11 @@ void project_k5(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  enum { TY = 8 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
-  enum { CHUNK_BYTES = 16 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -358,8 +370,8 @@ void project_k5(__global const float* restrict h, __global const float* restrict
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -372,7 +384,7 @@ void project_k5(__global const float* restrict h, __global const float* restrict
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
@@ -388,7 +400,7 @@ void project_k5(__global const float* restrict h, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, CHUNK_BYTES);
+            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -399,17 +411,17 @@ void project_k5(__global const float* restrict h, __global const float* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -420,14 +432,14 @@ void project_k5(__global const float* restrict h, __global const float* restrict
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k6(__global const float* restrict t6, __global float* restrict out2, const long B,
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -441,14 +453,14 @@ void project_k6(__global const float* restrict t6, __global float* restrict out2
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
-// grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 128 threads per program
+// grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k0(__global const float* restrict o, __global float* restrict t0, const long B,
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -462,7 +474,7 @@ void finish_k0(__global const float* restrict o, __global float* restrict t0, co
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k1(__global const float* restrict t0, __global const float* restrict wo,
     __global const float* restrict x, __global float* restrict x_1, const long B, const long T) {
@@ -471,11 +483,11 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  enum { TY = 8 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
-  enum { CHUNK_BYTES = 16 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -485,8 +497,8 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -499,7 +511,7 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
       } else {
@@ -515,7 +527,7 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK*kb + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wo + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -526,18 +538,18 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:30: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -549,14 +561,14 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k2(__global const float* restrict x_1, __global const float* restrict norm_1,
     __global float* restrict h, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
@@ -594,7 +606,7 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
-// grid [pid_n < ceil(512/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k3(__global const float* restrict h, __global const float* restrict wg,
     __global float* restrict t4, const long B, const long T) {
@@ -603,11 +615,11 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  enum { TY = 8 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
-  enum { CHUNK_BYTES = 16 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -617,8 +629,8 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -631,7 +643,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
@@ -647,7 +659,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK*kb + i) * 512 + BN*pid_n + j, CHUNK_BYTES);
+            wg + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -658,18 +670,18 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -681,7 +693,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
-// grid [pid_n < ceil(512/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k4(__global const float* restrict h, __global const float* restrict wu,
     __global const float* restrict t4, __global float* restrict t6, const long B, const long T) {
@@ -690,11 +702,11 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  enum { TY = 8 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
-  enum { CHUNK_BYTES = 16 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -704,8 +716,8 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -718,7 +730,7 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
@@ -734,7 +746,7 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK*kb + i) * 512 + BN*pid_n + j, CHUNK_BYTES);
+            wu + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -745,18 +757,18 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -768,7 +780,7 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k5(__global const float* restrict t6, __global const float* restrict wd,
     __global const float* restrict x_1, __global float* restrict out, const long B, const long T) {
@@ -777,11 +789,11 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  enum { TY = 8 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
-  enum { CHUNK_BYTES = 16 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -791,8 +803,8 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -805,7 +817,7 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
       } else {
@@ -821,7 +833,7 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK*kb + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wd + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -832,18 +844,18 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;

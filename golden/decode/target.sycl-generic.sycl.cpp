@@ -25,6 +25,14 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- math
 
 inline float tsr_relu(float x) { return sycl::fmax(x, 0.0f); }
@@ -32,6 +40,10 @@ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + sycl::exp(-x)); }
 inline float tsr_silu(float x) { return x / (1.0f + sycl::exp(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -67,14 +79,14 @@ inline float tsr_group_sum(const sycl::nd_item<3>& it, float* scratch, float val
 // end of the Tessera tile primitives
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_k0(const float* __restrict__ x, const float* __restrict__ norm_1,
     float* __restrict__ h, const long long B, const long long T, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
@@ -111,7 +123,7 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq,
     float* __restrict__ t0, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -120,10 +132,10 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -133,8 +145,8 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -147,7 +159,7 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
@@ -163,7 +175,7 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -174,17 +186,17 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -195,14 +207,14 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 inline void project_k2(const float* __restrict__ t0, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ out0, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -222,7 +234,7 @@ inline void project_k2(const float* __restrict__ t0, const float* __restrict__ c
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk,
     float* __restrict__ t3, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -231,10 +243,10 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -244,8 +256,8 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -258,7 +270,7 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
@@ -274,7 +286,7 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, CHUNK_BYTES);
+            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -285,17 +297,17 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -306,14 +318,14 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void project_k4(const float* __restrict__ t3, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ out1, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -333,7 +345,7 @@ inline void project_k4(const float* __restrict__ t3, const float* __restrict__ c
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv,
     float* __restrict__ t6, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -342,10 +354,10 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -355,8 +367,8 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -369,7 +381,7 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
@@ -385,7 +397,7 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, CHUNK_BYTES);
+            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -396,17 +408,17 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -417,13 +429,13 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void project_k6(const float* __restrict__ t6, float* __restrict__ out2, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -437,13 +449,13 @@ inline void project_k6(const float* __restrict__ t6, float* __restrict__ out2, c
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
-// grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 128 threads per program
+// grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 128 threads per program
 inline void finish_k0(const float* __restrict__ o, float* __restrict__ t0, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -457,7 +469,7 @@ inline void finish_k0(const float* __restrict__ o, float* __restrict__ t0, const
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo,
     const float* __restrict__ x, float* __restrict__ x_1, const long long B, const long long T,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -466,10 +478,10 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -479,8 +491,8 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -493,7 +505,7 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
       } else {
@@ -509,7 +521,7 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK*kb + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wo + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -520,18 +532,18 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:30: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -543,14 +555,14 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ norm_1,
     float* __restrict__ h, const long long B, const long long T, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
@@ -587,7 +599,7 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
-// grid [pid_n < ceil(512/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
     float* __restrict__ t4, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -596,10 +608,10 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -609,8 +621,8 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -623,7 +635,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
@@ -639,7 +651,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK*kb + i) * 512 + BN*pid_n + j, CHUNK_BYTES);
+            wg + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -650,18 +662,18 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -673,7 +685,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
-// grid [pid_n < ceil(512/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
     const float* __restrict__ t4, float* __restrict__ t6, const long long B, const long long T,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -682,10 +694,10 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -695,8 +707,8 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -709,7 +721,7 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
@@ -725,7 +737,7 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK*kb + i) * 512 + BN*pid_n + j, CHUNK_BYTES);
+            wu + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -736,18 +748,18 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -759,7 +771,7 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd,
     const float* __restrict__ x_1, float* __restrict__ out, const long long B, const long long T,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -768,10 +780,10 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -781,8 +793,8 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -795,7 +807,7 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
       } else {
@@ -811,7 +823,7 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK*kb + i) * 256 + BN*pid_n + j, CHUNK_BYTES);
+            wd + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
@@ -822,18 +834,18 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
           b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:32: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;

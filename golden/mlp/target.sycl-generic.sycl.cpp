@@ -22,6 +22,12 @@
 inline float tsr_infinity() { return INFINITY; }
 inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(unsigned short bits) {
@@ -65,6 +71,10 @@ inline float tsr_gelu(float x) {
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -81,7 +91,7 @@ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- linear_gelu_k0: launch k0 of linear_gelu: the library's gemm
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void linear_gelu_k0(const unsigned short* __restrict__ A,
     const unsigned short* __restrict__ B, const float* __restrict__ bias,
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
@@ -90,10 +100,10 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -102,8 +112,8 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -116,7 +126,7 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
       const int i = e / (BK / 8);
       const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
@@ -131,7 +141,7 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
       const int i = e / (BN / 8);
       const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
@@ -144,20 +154,20 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
           + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
           b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
           + (tx + c * TX) % 8]);
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:13: return gelu(matmul(A, B) + bias)
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -170,7 +180,7 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
 }
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
-// grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 128 threads per program
 inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in,
     const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T,
     const long long D, const long long F, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -178,10 +188,10 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -190,8 +200,8 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -204,7 +214,7 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
       const int i = e / (BK / 8);
       const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
@@ -219,7 +229,7 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
       const int i = e / (BN / 8);
       const int j = e % (BN / 8) * 8;
       if (W_in_aligned) {
-        const int bytes = BK*kb + i < D && BN*pid_n + j < F ? CHUNK_BYTES : 0;
+        const int bytes = BK*kb + i < D && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_in + ((BK*kb + i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
@@ -232,20 +242,20 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
           + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
           b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
           + (tx + c * TX) % 8]);
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -258,7 +268,7 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
 }
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
-// grid [pid_n < ceil(D/64), pid_m < ceil(T/64)], 128 threads per program
+// grid [pid_n < ceil(D/BN), pid_m < ceil(T/BM)], 128 threads per program
 inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out,
     const float* __restrict__ b_out, const unsigned short* __restrict__ x,
     unsigned short* __restrict__ out, const long long T, const long long F, const long long D,
@@ -267,10 +277,10 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -279,8 +289,8 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -293,7 +303,7 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
       const int i = e / (BK / 8);
       const int j = e % (BK / 8) * 8;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T && BK*kb + j < F ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < T && BK*kb + j < F ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? h + ((BM*pid_m + i) * F + BK*kb + j) : h, bytes);
       } else {
@@ -308,7 +318,7 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
       const int i = e / (BN / 8);
       const int j = e % (BN / 8) * 8;
       if (W_out_aligned) {
-        const int bytes = BK*kb + i < F && BN*pid_n + j < D ? CHUNK_BYTES : 0;
+        const int bytes = BK*kb + i < F && BN*pid_n + j < D ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_out + ((BK*kb + i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
@@ -322,20 +332,20 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
           + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
           b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
           + (tx + c * TX) % 8]);
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:21: return residual(x, h @ W_out + b_out)
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -349,7 +359,7 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
 }
 
 // ---- linear_fp8_k0: launch k0 of linear_fp8: the library's gemm_nt
-// grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 128 threads per program
 inline void linear_fp8_k0(const unsigned char* __restrict__ x,
     const unsigned char* __restrict__ w, const float* __restrict__ bias,
     unsigned short* __restrict__ out, const long long T, const long long D, const long long F,
@@ -358,20 +368,20 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 64;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
-  const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
-  const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
+  const bool x_aligned = tsr_aligned16(x) && D % TSR_CHUNK_BYTES == 0;
+  const bool w_aligned = tsr_aligned16(w) && D % TSR_CHUNK_BYTES == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -380,31 +390,33 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
   for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < BM*BK / 16; e += THREADS) {
-      const int i = e / (BK / 16);
-      const int j = e % (BK / 16) * 16;
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? CHUNK_BYTES : 0;
-        tsr_copy16(a_tile_smem + (i * BK + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
-        for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * BK + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          a_tile_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < T && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    for (int e = lid; e < BN*BK / 16; e += THREADS) {
-      const int i = e / (BK / 16);
-      const int j = e % (BK / 16) * 16;
+    for (int e = lid; e < BN*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = BN*pid_n + i < F && BK*kb + j < D ? CHUNK_BYTES : 0;
-        tsr_copy16(b_tile_smem + (i * BK + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((BN*pid_n + i) * D + BK*kb + j) : w, bytes);
+        const int bytes = BN*pid_n + i < F && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((BN*pid_n + i) * D + BK*kb + j) : w, bytes);
       } else {
-        for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * BK + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          b_tile_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BN*pid_n + i < F && BK*kb + j + q < D ? w[(BN*pid_n + i) * D + BK*kb + j + q] : 0;
         }
       }
@@ -412,20 +424,20 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * TY) * BK
-          + (kk / 16 ^ (ty + r * TY) % 4) * 16 + kk % 16]);
+          + (kk / TSR_CHUNK_BYTES ^ (ty + r * TY) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES]);
       for (int c = 0; c < 4; ++c)
           b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[(tx + c * TX) * BK
-          + (kk / 16 ^ (tx + c * TX) % 4) * 16 + kk % 16]);
-      for (int r = 0; r < 8; ++r) {
+          + (kk / TSR_CHUNK_BYTES ^ (tx + c * TX) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:31: return x @ w.T + bias
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;

@@ -15,6 +15,14 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(unsigned short bits) {
@@ -50,6 +58,10 @@ inline float tsr_silu(float x) { return x / (1.0f + sycl::exp(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -66,7 +78,7 @@ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- gemm_k0: launch k0 of gemm: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -74,10 +86,10 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  constexpr int TY = 16;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 8192);
   const int tx = lid % TX, ty = lid / TX;
@@ -86,8 +98,8 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -100,7 +112,7 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
       const int i = e / (BK / 8);
       const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
@@ -115,7 +127,7 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
       const int i = e / (BN / 8);
       const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
@@ -128,20 +140,20 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * TY) * BK
           + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 8; ++c)
           b_k[c] = tsr_f16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
           + (tx + c * TX) % 8]);
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // schedules.tsr:12: return A @ B
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
@@ -153,7 +165,7 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
 }
 
 // ---- skinny_gemm_k0: launch k0 of skinny_gemm: the library's gemm
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
     const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M,
     const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -161,10 +173,10 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
   const int tx = lid % TX, ty = lid / TX;
@@ -173,8 +185,8 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -187,7 +199,7 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
       const int i = e / (BK / 8);
       const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
@@ -202,7 +214,7 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
       const int i = e / (BN / 8);
       const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
@@ -215,20 +227,20 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * TY) * BK
           + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
           b_k[c] = tsr_f16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
           + (tx + c * TX) % 8]);
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // schedules.tsr:18: return A @ B
-  for (int r = 0; r < 8; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
@@ -240,7 +252,7 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
 }
 
 // ---- gemm_bias_relu_k0: launch k0 of gemm_bias_relu: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
     const unsigned short* __restrict__ B, const float* __restrict__ bias,
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
@@ -249,10 +261,10 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
-  constexpr int TY = 8;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
-  constexpr int CHUNK_BYTES = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 8192);
   const int tx = lid % TX, ty = lid / TX;
@@ -261,8 +273,8 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[128];
-  for (int r = 0; r < 16; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -275,7 +287,7 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
       const int i = e / (BK / 8);
       const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
@@ -290,7 +302,7 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
       const int i = e / (BN / 8);
       const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? CHUNK_BYTES : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
@@ -303,20 +315,20 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[16], b_k[8];
-      for (int r = 0; r < 16; ++r)
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
           a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
           + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 8; ++c)
           b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
           + (tx + c * TX) % 8]);
-      for (int r = 0; r < 16; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // schedules.tsr:27: return relu(A @ B + bias)
-  for (int r = 0; r < 16; ++r) {
+  for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import field
 
 from ...frozen import frozen
 from ..graph.dims import Dim
@@ -33,7 +34,7 @@ from ..schedule.hardware import GRID_COLUMNS
 
 __all__ = ["NotLowered", "Flat", "Grid", "Rows", "FragmentShape", "MFMA_32X32", "MMA_16X8",
            "Fragments", "FragmentRows", "rows_of", "parenthesized", "Distribution", "Form",
-           "Element", "CHUNK_BYTES", "grid_for", "rows_for", "smem_index",
+           "Element", "CHUNK_BYTES", "FRAGMENT_SHAPES", "grid_for", "rows_for", "smem_index",
            "sw128_panel"]  # fmt: skip
 
 #: The XOR swizzle permutes 16-byte chunks within groups of at most 8.
@@ -110,20 +111,23 @@ class FragmentShape:
 
 #: 32x32 MFMA on 64-lane wavefronts (AMD's CDNA matrix-instruction layout): column
 #: ``lane % 32``, and sixteen rows per lane.
-MFMA_32X32 = FragmentShape(32, 32, 16, 16, "reg", "rs / 4 * 8 + lane / MMA_N * 4 + rs % 4",
-                           "lane % MMA_N", (1, 2, 4, 8, 16))  # fmt: skip
+MFMA_32X32 = FragmentShape(32, 32, 16, 16, "reg", "rs / 4 * 8 + lane / TSR_MMA_N * 4 + rs % 4",
+                           "lane % TSR_MMA_N", (1, 2, 4, 8, 16))  # fmt: skip
 #: ``mma.sync`` m16n8 on 32-lane warps (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
 #: rows ``lane / 4`` and ``lane / 4 + 8``, two neighbouring columns in each. A ``wgmma``
 #: accumulator is the same fragment repeated along its columns.
 MMA_16X8 = FragmentShape(16, 8, 4, 2, "reg / 2", "lane / 4 + rs * 8", "lane % 4 * 2 + reg % 2",
                          (1, 2), "lane % 4 * 2")  # fmt: skip
+#: The fragment of each dialect's matrix instructions, whose shape the tile header names
+#: (``TSR_MMA_M``): ``mma.sync``'s and ``wgmma``'s accumulators, MFMA's.
+FRAGMENT_SHAPES = {"cuda": MMA_16X8, "hip": MFMA_32X32}
 
 
 @frozen
 class Fragments:
     """A 2-D tile in the accumulator layout of a matrix instruction: ``wm x wn`` warps
     each own a ``rows/wm x cols/wn`` part, made of ``shape`` fragments. The terms it
-    prints name the instruction's shape and the warp's part (``MMA_M``, ``WARP_M``), which
+    prints name the instruction's shape and the warp's part (``TSR_MMA_M``, ``WARP_M``), which
     the kernel declares (``numbers``)."""
 
     rows: int
@@ -131,6 +135,8 @@ class Fragments:
     wm: int
     wn: int
     shape: FragmentShape
+    #: Its rows and columns as the code prints them (the tiles' names), where known.
+    extents: tuple[str, str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def fm(self) -> int:
@@ -139,6 +145,27 @@ class Fragments:
     @property
     def fn(self) -> int:
         return self.cols // self.wn // self.shape.n
+
+    @property
+    def fm_text(self) -> str:
+        """``fm`` as the code prints it: a warp's rows in fragments (``WARP_M / TSR_MMA_M``,
+        ``BM / TSR_MMA_M``)."""
+        return self._fragments(self.fm, self.wm, 0, "TSR_MMA_M")
+
+    @property
+    def fn_text(self) -> str:
+        """``fn`` as the code prints it: a warp's columns in fragments (``BD / TSR_MMA_N``)."""
+        return self._fragments(self.fn, self.wn, 1, "TSR_MMA_N")
+
+    @property
+    def frags(self) -> str:
+        """The fragments of a warp's part, ``fm * fn``, as the code prints them."""
+        fm, fn = self.fm_text, self.fn_text
+        return fn if fm == "1" else fm if fn == "1" else f"{fm} * {parenthesized(fn)}"
+
+    def _fragments(self, count: int, warps: int, axis: int, mma: str) -> str:
+        part = ("WARP_M", "WARP_N")[axis] if warps > 1 else (self.extents or ("", ""))[axis]
+        return f"{part} / {mma}" if count > 1 and re.fullmatch(r"[A-Z_]\w*", part) else str(count)
 
     @property
     def slots(self) -> int:
@@ -158,13 +185,13 @@ class Fragments:
     def frag_row(self) -> str:
         """The first row of fragment ``frag`` in its warp's part, as a term of a sum (""
         where the part is one fragment high, whose ``frag / fn`` is 0)."""
-        return "" if self.fm == 1 else f"frag / {self.fn} * MMA_M + "
+        return "" if self.fm == 1 else f"frag / {parenthesized(self.fn_text)} * TSR_MMA_M + "
 
     @property
     def frag_col(self) -> str:
         """The first column of fragment ``frag`` in its warp's part, as a term of a sum
         ("" where the part is one fragment wide, whose ``frag % fn`` is 0)."""
-        return "" if self.fn == 1 else f"frag % {self.fn} * MMA_N + "
+        return "" if self.fn == 1 else f"frag % {parenthesized(self.fn_text)} * TSR_MMA_N + "
 
     @property
     def warp_row(self) -> str:
@@ -254,10 +281,12 @@ def smem_index(
     i: str,
     j: str,
     extents: tuple[str, str] | None = None,
+    chunk: str | None = None,
 ) -> str:
     """The element offset of ``(i, j)`` in slot ``slot`` of a ``[rows, cols]`` buffer;
     ``extents`` are its rows and columns as the code prints them (``BM``, ``BK``: the
-    tiles they are), the numbers where not given.
+    tiles they are), and ``chunk`` the elements of a 16-byte chunk (``CHUNK_BYTES`` of
+    1-byte elements), the numbers where not given.
 
     ``row-major`` and ``padded +P`` (rows ``cols + P`` elements apart) are plain. In
     ``xor``, 16-byte chunk ``k`` of row ``i`` is stored at chunk ``k ^ (i % g)``, where
@@ -277,8 +306,8 @@ def smem_index(
     row = i if slot == "0" else f"{slot} * {c_rows} + {i}"
     column = j
     if layout == "xor":
-        per_chunk = CHUNK_BYTES * 8 // bits
-        chunks = cols // per_chunk
+        chunks = cols // (CHUNK_BYTES * 8 // bits)
+        per_chunk = chunk or str(CHUNK_BYTES * 8 // bits)
         group = _SWIZZLE_GROUP
         while group > 1 and chunks % group:
             group //= 2
