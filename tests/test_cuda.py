@@ -438,7 +438,7 @@ SABOTAGED = {
     "the ragged last key block taken for a whole one": (
         "attention:flash_attention", "sm_90a", "if (BN*nblk + BN <= S) {", "if (true) {"),
     "an fp8 wgmma stepping along k as a 16-bit one does": (
-        "mlp:linear_fp8", "sm_90a", "kk < BK; kk += 32)", "kk < BK; kk += 16)"),
+        "mlp:linear_fp8", "sm_90a", "kk < BK; kk += WGMMA_K)", "kk < BK; kk += WGMMA_K / 2)"),
     "an ldmatrix of a row-major b without .trans": (
         "gemm:gemm", "sm_80", "tsr_ldmatrix_x2_trans(b_frag", "tsr_ldmatrix_x2(b_frag"),
 }  # fmt: skip

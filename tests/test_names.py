@@ -38,6 +38,7 @@ from tessera.transpiler.target.naming import (
 )
 from tessera.transpiler.target.render import environment, header
 from tessera.transpiler.target.simt_dialect import DIALECTS
+from tessera.transpiler.target.simt_layout import FRAGMENT_SHAPES
 from tessera.transpiler.target.simt_tiles import WGMMA_FORMS
 from tessera.transpiler.target.sycl_launcher import LAUNCHER_NAMES
 
@@ -268,7 +269,14 @@ def _generated_names() -> list[str]:
         primitives = (
             environment("simt")
             .get_template("tessera_tile.j2")
-            .render(d=dialect, wgmma=wgmma, forms=WGMMA_FORMS, tma_ranks=[1, 2, 3, 4, 5])
+            .render(
+                d=dialect,
+                wgmma=wgmma,
+                forms=WGMMA_FORMS,
+                tma_ranks=[1, 2, 3, 4, 5],
+                lanes=32,
+                mma=FRAGMENT_SHAPES.get(dialect.name),
+            )
         )
         names |= _defined(primitives)
     names |= LAUNCHER_NAMES  # the SYCL host functions' own

@@ -19,6 +19,16 @@
 __device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
 __device__ inline float tsr_nan() { return __int_as_float(0x7fc00000); }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 16, TSR_MMA_N = 8, TSR_MMA_REGS = 4, TSR_LANE_ROWS = 2 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -60,6 +70,10 @@ __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsign
 }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -134,7 +148,7 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
 // end of the Tessera tile primitives
 
 // ---- attention: launch k0 of attention: the library's flash_attention
-// grid [pid_m < ceil(S/128), pid_b0 < B, pid_b1 < H], 256 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < B, pid_b1 < H], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short* __restrict__ Q,
     const unsigned short* __restrict__ K, const unsigned short* __restrict__ V,
     unsigned short* __restrict__ out, const long long B, const long long H, const long long S,
@@ -144,15 +158,18 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   constexpr int BM = 128;
   constexpr int BN = 32;
   constexpr int BD = 128;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 65536 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_K = 16;
+  // 65536 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 49152);
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   // the last rows first: they run the most blocks
   const long long pid_m = gridDim.x - 1 - blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -160,17 +177,17 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   const float float_D = (float)(D);
   const float scale = rsqrtf(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (Q_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? Q + (((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        q_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D
             ? Q[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
@@ -178,17 +195,17 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   }
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (K_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(k_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? K + (((pid_b0 * H + pid_b1) * S + i) * D + j) : K, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          k_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < S && j + q < D ? K[((pid_b0 * H + pid_b1) * S + i) * D + j + q] : 0;
         }
       }
@@ -196,17 +213,17 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   }
   // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (V_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(v_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? V + (((pid_b0 * H + pid_b1) * S + i) * D + j) : V, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          v_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < S && j + q < D ? V[((pid_b0 * H + pid_b1) * S + i) * D + j + q] : 0;
         }
       }
@@ -214,24 +231,24 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
   }
   tsr_copy_commit();
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[64];
+  float acc[BM*BD / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+  for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
-  float m[2];
+  float m[TSR_LANE_ROWS];
   #pragma unroll
-  for (int rs = 0; rs < 2; ++rs) {
+  for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
     const int r = rs;
     m[r] = -tsr_infinity();
   }
-  float l[2];
+  float l[TSR_LANE_ROWS];
   #pragma unroll
-  for (int rs = 0; rs < 2; ++rs) {
+  for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
     const int r = rs;
     l[r] = 0.0f;
   }
@@ -240,18 +257,18 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     if (BN*nblk + BN < S && BN*nblk + BN < BM*pid_m + BM) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BN*BD / 8; e += THREADS) {
+        const int i = e / (BD / 8);
+        const int j = e % (BD / 8) * 8;
         if (K_aligned) {
-          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(k_tile_smem
-              + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? K + (((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j) : K, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8
+            k_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 8 ^ i % 8) * 8
                 + (j + q) % 8] = BN*nblk + BN + i < S && j + q < D
                 ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j + q] : 0;
           }
@@ -260,18 +277,18 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     if (BN*nblk + BN < S && BN*nblk + BN < BM*pid_m + BM) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BN*BD / 8; e += THREADS) {
+        const int i = e / (BD / 8);
+        const int j = e % (BD / 8) * 8;
         if (V_aligned) {
-          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(v_tile_smem
-              + (((nblk + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? V + (((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j) : V, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8
+            v_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 8 ^ i % 8) * 8
                 + (j + q) % 8] = BN*nblk + BN + i < S && j + q < D
                 ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j + q] : 0;
           }
@@ -280,92 +297,92 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
     }
     tsr_copy_commit();
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    float dot[16];
-    for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < BD && kk < D; kk += 16) {
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
+    for (int kk = 0; kk < BD && kk < D; kk += MMA_K) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
-          q_tile_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128
-          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-          + (kk + lane / 16 * 8) % 8));
+          q_tile_smem + ((wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * BD
+          + ((kk + lane / 8 / 2 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          + (kk + lane / 8 / 2 * 8) % 8));
       #pragma unroll
-      for (int fn = 0; fn < 4; ++fn) {
+      for (int fn = 0; fn < BN / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2(b_frag, k_tile_smem
-            + (((nblk) % 2 * 32 + fn * 8 + lane % 8) * 128
-            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8
+            + (((nblk) % 2 * BN + fn * TSR_MMA_N + lane % 8) * BD
+            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * TSR_MMA_N + lane % 8) % 8) * 8
             + (kk + lane / 8 % 2 * 8) % 8));
-        tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
+        tsr_mma_m16n8k16_bf16(&dot[fn * TSR_MMA_REGS], a_frag[0], b_frag);
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
-    float p[16];
+    float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S && BN*nblk + 31 <= BM*pid_m) {
       // every mask is a no-op on this block
       #pragma unroll
-      for (int frag = 0; frag < 4; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int t = frag * TSR_MMA_REGS + reg;
           p[t] = dot[t] * scale;
         }
       }
     } else {
       #pragma unroll
-      for (int frag = 0; frag < 4; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-          const int j = frag % 4 * 8 + lane % 4 * 2 + reg % 2;
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+          const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2 + reg % 2;
+          const int t = frag * TSR_MMA_REGS + reg;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
               : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
-    float m_c[2];
-    for (int r = 0; r < 2; ++r) m_c[r] = -tsr_infinity();
+    float m_c[TSR_LANE_ROWS];
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
-    for (int frag = 0; frag < 4; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         m_c[reg / 2] = fmaxf(m_c[reg / 2], p[t]);
       }
     }
     #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 1));
       m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 2));
     }
     #pragma unroll
-    for (int frag = 0; frag < 4; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         p[t] = exp2f((p[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
             * 1.4426950408889634f);
       }
     }
-    float l_c[2];
-    for (int r = 0; r < 2; ++r) l_c[r] = 0.0f;
+    float l_c[TSR_LANE_ROWS];
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) l_c[r] = 0.0f;
     #pragma unroll
-    for (int frag = 0; frag < 4; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         l_c[reg / 2] = l_c[reg / 2] + p[t];
       }
     }
     #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 1);
       l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 2);
     }
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    float alpha[2], beta[2];
+    float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
     #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
@@ -374,50 +391,51 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
       m[r] = m_new;
     }
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] *= alpha[reg / 2];
       }
     }
     unsigned p_frag[2][4];
     #pragma unroll
-    for (int kk = 0; kk < BN; kk += 16) {
-      p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
+    for (int kk = 0; kk < BN; kk += MMA_K) {
+      p_frag[kk / MMA_K][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
           tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
-      p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
+      p_frag[kk / MMA_K][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
           tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
-      p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
+      p_frag[kk / MMA_K][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
           tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
-      p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
+      p_frag[kk / MMA_K][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
           tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
     }
-    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 16) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += MMA_K) {
       unsigned a_step[4];
       #pragma unroll
-      for (int q = 0; q < 4; ++q) a_step[q] = kk == 16 ? p_frag[1][q] : p_frag[0][q];
+      for (int q = 0; q < 4; ++q) a_step[q] = kk == 1 * MMA_K ? p_frag[1][q] : p_frag[0][q];
       #pragma unroll
-      for (int fn = 0; fn < 16; ++fn) {
+      for (int fn = 0; fn < BD / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
-            v_tile_smem + (((nblk) % 2 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
-        tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_step, b_frag);
+            v_tile_smem + (((nblk) % 2 * BN + kk + lane / 8 % 2 * 8 + lane % 8) * BD
+            + ((fn * TSR_MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (fn * TSR_MMA_N) % 8));
+        tsr_mma_m16n8k16_bf16(&acc[fn * TSR_MMA_REGS], a_step, b_frag);
       }
     }
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+  for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 16 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
       }
       if (BM*pid_m + i < S && j0 + 1 < D
@@ -436,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(256) attention(const unsigned short
 }
 
 // ---- flash_attention: tile kernel flash_attention
-// grid [pid_m < ceil(S/128), pid_b0 < BH], 256 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < BH], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) flash_attention(
     const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k,
     const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out,
@@ -446,46 +464,49 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   constexpr int BM = 128;
   constexpr int BN = 64;
   constexpr int BD = 128;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_K = 16;
+  // 98304 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 32768);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 65536);
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (q_1_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(Qb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? q_1 + ((pid_b0 * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        Qb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D ? q_1[(pid_b0 * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
   // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (k_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(Kb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? k + ((pid_b0 * S + i) * D + j) : k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Kb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < S && j + q < D ? k[(pid_b0 * S + i) * D + j + q] : 0;
         }
       }
@@ -493,17 +514,17 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   }
   // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (v_aligned) {
-        const int bytes = i < S && j < D ? 16 : 0;
-        tsr_copy_async16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(Vb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? v + ((pid_b0 * S + i) * D + j) : v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Vb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < S && j + q < D ? v[(pid_b0 * S + i) * D + j + q] : 0;
         }
       }
@@ -511,24 +532,24 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
   }
   tsr_copy_commit();
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[64];
+  float acc[BM*BD / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+  for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
-  float m[2];
+  float m[TSR_LANE_ROWS];
   #pragma unroll
-  for (int rs = 0; rs < 2; ++rs) {
+  for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
     const int r = rs;
     m[r] = -tsr_infinity();
   }
-  float l[2];
+  float l[TSR_LANE_ROWS];
   #pragma unroll
-  for (int rs = 0; rs < 2; ++rs) {
+  for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
     const int r = rs;
     l[r] = 0.0f;
   }
@@ -537,18 +558,18 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BN*BD / 8; e += THREADS) {
+        const int i = e / (BD / 8);
+        const int j = e % (BD / 8) * 8;
         if (k_aligned) {
-          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(Kb_smem
-              + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? k + ((pid_b0 * S + BN*nblk + BN + i) * D + j) : k, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            Kb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            Kb_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BN*nblk + BN + i < S && j + q < D ? k[(pid_b0 * S + BN*nblk + BN + i) * D + j + q]
                 : 0;
           }
@@ -557,18 +578,18 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BN*BD / 8; e += THREADS) {
+        const int i = e / (BD / 8);
+        const int j = e % (BD / 8) * 8;
         if (v_aligned) {
-          const int bytes = BN*nblk + BN + i < S && j < D ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S && j < D ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(Vb_smem
-              + (((nblk + 1) % 2 * 64 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? v + ((pid_b0 * S + BN*nblk + BN + i) * D + j) : v, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            Vb_smem[((nblk + 1) % 2 * 64 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            Vb_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BN*nblk + BN + i < S && j + q < D ? v[(pid_b0 * S + BN*nblk + BN + i) * D + j + q]
                 : 0;
           }
@@ -577,98 +598,98 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
     }
     tsr_copy_commit();
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
-    float dot[32];
-    for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < BD && kk < D; kk += 16) {
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
+    for (int kk = 0; kk < BD && kk < D; kk += MMA_K) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
-          Qb_smem + ((wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 128
-          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-          + (kk + lane / 16 * 8) % 8));
+          Qb_smem + ((wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * BD
+          + ((kk + lane / 8 / 2 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          + (kk + lane / 8 / 2 * 8) % 8));
       #pragma unroll
-      for (int fn = 0; fn < 8; ++fn) {
+      for (int fn = 0; fn < BN / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2(b_frag, Kb_smem
-            + (((nblk) % 2 * 64 + fn * 8 + lane % 8) * 128
-            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * 8 + lane % 8) % 8) * 8
+            + (((nblk) % 2 * BN + fn * TSR_MMA_N + lane % 8) * BD
+            + ((kk + lane / 8 % 2 * 8) / 8 ^ (fn * TSR_MMA_N + lane % 8) % 8) * 8
             + (kk + lane / 8 % 2 * 8) % 8));
-        tsr_mma_m16n8k16_bf16(&dot[fn * 4], a_frag[0], b_frag);
+        tsr_mma_m16n8k16_bf16(&dot[fn * TSR_MMA_REGS], a_frag[0], b_frag);
       }
     }
     const float float_D = (float)(D);
     const float rsqrt_float_D = rsqrtf(float_D);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
-    float P[32];
+    float P[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       #pragma unroll
-      for (int frag = 0; frag < 8; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-          const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+          const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2 + reg % 2;
+          const int t = frag * TSR_MMA_REGS + reg;
           P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
               : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
         }
       }
     } else {
       #pragma unroll
-      for (int frag = 0; frag < 8; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-          const int j = frag % 8 * 8 + lane % 4 * 2 + reg % 2;
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+          const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2 + reg % 2;
+          const int t = frag * TSR_MMA_REGS + reg;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
               : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
               : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
         }
       }
     }
-    float m_c[2];
-    for (int r = 0; r < 2; ++r) m_c[r] = -tsr_infinity();
+    float m_c[TSR_LANE_ROWS];
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
-    for (int frag = 0; frag < 8; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         m_c[reg / 2] = fmaxf(m_c[reg / 2], P[t]);
       }
     }
     #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 1));
       m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 2));
     }
     #pragma unroll
-    for (int frag = 0; frag < 8; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         P[t] = exp2f((P[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
             * 1.4426950408889634f);
       }
     }
-    float l_c[2];
-    for (int r = 0; r < 2; ++r) l_c[r] = 0.0f;
+    float l_c[TSR_LANE_ROWS];
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) l_c[r] = 0.0f;
     #pragma unroll
-    for (int frag = 0; frag < 8; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         l_c[reg / 2] = l_c[reg / 2] + P[t];
       }
     }
     #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 1);
       l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 2);
     }
     // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
-    float alpha[2], beta[2];
+    float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
     #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
@@ -677,52 +698,53 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention(
       m[r] = m_new;
     }
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] *= alpha[reg / 2];
       }
     }
     unsigned P_frag[4][4];
     #pragma unroll
-    for (int kk = 0; kk < BN; kk += 16) {
-      P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
+    for (int kk = 0; kk < BN; kk += MMA_K) {
+      P_frag[kk / MMA_K][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
           tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
-      P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
+      P_frag[kk / MMA_K][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
           tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
-      P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
+      P_frag[kk / MMA_K][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
           tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
-      P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
+      P_frag[kk / MMA_K][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
           tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
     }
-    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 16) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += MMA_K) {
       unsigned a_step[4];
       #pragma unroll
       for (int q = 0; q < 4; ++q)
-          a_step[q] = kk == 48 ? P_frag[3][q] : kk == 32 ? P_frag[2][q] : kk == 16 ? P_frag[1][q]
-          : P_frag[0][q];
+          a_step[q] = kk == 3 * MMA_K ? P_frag[3][q] : kk == 2 * MMA_K ? P_frag[2][q]
+          : kk == 1 * MMA_K ? P_frag[1][q] : P_frag[0][q];
       #pragma unroll
-      for (int fn = 0; fn < 16; ++fn) {
+      for (int fn = 0; fn < BD / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
-            Vb_smem + (((nblk) % 2 * 64 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8 + (fn * 8) % 8));
-        tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_step, b_frag);
+            Vb_smem + (((nblk) % 2 * BN + kk + lane / 8 % 2 * 8 + lane % 8) * BD
+            + ((fn * TSR_MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+            + (fn * TSR_MMA_N) % 8));
+        tsr_mma_m16n8k16_bf16(&acc[fn * TSR_MMA_REGS], a_step, b_frag);
       }
     }
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
   #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+  for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 16 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
       }
       if (BM*pid_m + i < S && j0 + 1 < D

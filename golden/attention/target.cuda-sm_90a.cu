@@ -19,6 +19,16 @@
 __device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
 __device__ inline float tsr_nan() { return __int_as_float(0x7fc00000); }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 16, TSR_MMA_N = 8, TSR_MMA_REGS = 4, TSR_LANE_ROWS = 2 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -263,7 +273,7 @@ __device__ inline void tsr_wgmma_m64n128k16_bf16_ss(float* d, unsigned long long
 // end of the Tessera tile primitives
 
 // ---- attention: launch k0 of attention: the library's flash_attention
-// grid [pid_m < ceil(S/128), pid_b0 < B, pid_b1 < H], 384 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < B, pid_b1 < H], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) attention(
     const unsigned short* __restrict__ Q, const unsigned short* __restrict__ K,
     const unsigned short* __restrict__ V, unsigned short* __restrict__ out, const long long B,
@@ -275,8 +285,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BD = 128;
-  constexpr int CONSUMERS = 256;
-  constexpr int PRODUCERS = 128;
+  constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
+  constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_K = 16;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int Q_TILE_BYTES = BM*BD*2;
   constexpr int K_TILE_BYTES = BN*BD*2;
   constexpr int V_TILE_BYTES = BN*BD*2;
@@ -291,7 +305,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   // the last rows first: they run the most blocks
   const long long pid_m = gridDim.x - 1 - blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -418,111 +432,111 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
     const float float_D = (float)(D);
     const float scale = rsqrtf(float_D);
     // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-    float acc[64];
+    float acc[BM*BD / CONSUMERS];
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
-    float m[2];
+    float m[TSR_LANE_ROWS];
     #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
+    for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
       const int r = rs;
       m[r] = -tsr_infinity();
     }
-    float l[2];
+    float l[TSR_LANE_ROWS];
     #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
+    for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
       const int r = rs;
       l[r] = 0.0f;
     }
     for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
       tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
       // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-      float dot[64];
-      for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
+      float dot[BM*BN / CONSUMERS];
+      for (int t = 0; t < BM*BN / CONSUMERS; ++t) dot[t] = 0.0f;
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BD; kk += 16) {
+      for (int kk = 0; kk < BD; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
-            0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64,
-            16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192
-            + kk % 64, 16, 1024));
+            0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * WGMMA_M) * 64
+            + kk % 64, 16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384
+            + kk / 64 * 8192 + kk % 64, 16, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
       // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
-      float p[64];
+      float p[BM*BN / CONSUMERS];
       if (BN*nblk + BN <= S && BN*nblk + 127 <= BM*pid_m) {
         // every mask is a no-op on this block
         #pragma unroll
-        for (int frag = 0; frag < 16; ++frag) {
+        for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
           #pragma unroll
-          for (int reg = 0; reg < 4; ++reg) {
-            const int t = frag * 4 + reg;
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+            const int t = frag * TSR_MMA_REGS + reg;
             p[t] = dot[t] * scale;
           }
         }
       } else {
         #pragma unroll
-        for (int frag = 0; frag < 16; ++frag) {
+        for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
           #pragma unroll
-          for (int reg = 0; reg < 4; ++reg) {
-            const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-            const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-            const int t = frag * 4 + reg;
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+            const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+            const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2 + reg % 2;
+            const int t = frag * TSR_MMA_REGS + reg;
             p[t] = BN*nblk + j >= S ? -tsr_infinity()
                 : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
           }
         }
       }
-      float m_c[2];
-      for (int r = 0; r < 2; ++r) m_c[r] = -tsr_infinity();
+      float m_c[TSR_LANE_ROWS];
+      for (int r = 0; r < TSR_LANE_ROWS; ++r) m_c[r] = -tsr_infinity();
       #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int t = frag * TSR_MMA_REGS + reg;
           m_c[reg / 2] = fmaxf(m_c[reg / 2], p[t]);
         }
       }
       #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < TSR_LANE_ROWS; ++r) {
         m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 1));
         m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 2));
       }
       #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int t = frag * TSR_MMA_REGS + reg;
           p[t] = exp2f((p[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
               * 1.4426950408889634f);
         }
       }
-      float l_c[2];
-      for (int r = 0; r < 2; ++r) l_c[r] = 0.0f;
+      float l_c[TSR_LANE_ROWS];
+      for (int r = 0; r < TSR_LANE_ROWS; ++r) l_c[r] = 0.0f;
       #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int t = frag * TSR_MMA_REGS + reg;
           l_c[reg / 2] = l_c[reg / 2] + p[t];
         }
       }
       #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < TSR_LANE_ROWS; ++r) {
         l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 1);
         l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 2);
       }
       // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c,
       //   l_c)
-      float alpha[2], beta[2];
+      float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
       #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < TSR_LANE_ROWS; ++r) {
         const float m_new = fmaxf(m[r], m_c[r]);
         const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
         alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
@@ -531,29 +545,29 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
         m[r] = m_new;
       }
       #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int t = frag * TSR_MMA_REGS + reg;
           acc[t] *= alpha[reg / 2];
         }
       }
       unsigned p_frag[8][4];
       #pragma unroll
-      for (int kk = 0; kk < BN; kk += 16) {
-        p_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
+      for (int kk = 0; kk < BN; kk += MMA_K) {
+        p_frag[kk / MMA_K][0] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2] * beta[0]),
             tsr_float_to_bf16(p[kk / 2 + 1] * beta[0]));
-        p_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
+        p_frag[kk / MMA_K][1] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 2] * beta[1]),
             tsr_float_to_bf16(p[kk / 2 + 3] * beta[1]));
-        p_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
+        p_frag[kk / MMA_K][2] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 4] * beta[0]),
             tsr_float_to_bf16(p[kk / 2 + 5] * beta[0]));
-        p_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
+        p_frag[kk / MMA_K][3] = tsr_pack_b16(tsr_float_to_bf16(p[kk / 2 + 6] * beta[1]),
             tsr_float_to_bf16(p[kk / 2 + 7] * beta[1]));
       }
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BN; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / 16],
+      for (int kk = 0; kk < BN; kk += WGMMA_K) {
+        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / MMA_K],
             tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
       }
       tsr_wgmma_commit();
@@ -562,15 +576,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
     }
     // flash_attention.tsr:26: return acc / l[:, None]
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int t = frag * 4 + reg + half;
+          const int t = frag * TSR_MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
         }
         if (BM*pid_m + i < S && j0 + 1 < D
@@ -591,7 +605,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
 }
 
 // ---- flash_attention: tile kernel flash_attention
-// grid [pid_m < ceil(S/128), pid_b0 < BH], 384 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < BH], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
     const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k,
     const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out,
@@ -603,8 +617,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BD = 128;
-  constexpr int CONSUMERS = 256;
-  constexpr int PRODUCERS = 128;
+  constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
+  constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_K = 16;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int QB_BYTES = BM*BD*2;
   constexpr int KB_BYTES = BN*BD*2;
   constexpr int VB_BYTES = BN*BD*2;
@@ -619,7 +637,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -739,116 +757,116 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
   } else {
     tsr_setmaxnreg_inc<232>();
     // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-    float acc[64];
+    float acc[BM*BD / CONSUMERS];
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
-    float m[2];
+    float m[TSR_LANE_ROWS];
     #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
+    for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
       const int r = rs;
       m[r] = -tsr_infinity();
     }
-    float l[2];
+    float l[TSR_LANE_ROWS];
     #pragma unroll
-    for (int rs = 0; rs < 2; ++rs) {
+    for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
       const int r = rs;
       l[r] = 0.0f;
     }
     for (long long nblk = 0; nblk * BN < S; ++nblk) {
       tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);
       // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
-      float dot[64];
-      for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
+      float dot[BM*BN / CONSUMERS];
+      for (int t = 0; t < BM*BN / CONSUMERS; ++t) dot[t] = 0.0f;
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BD; kk += 16) {
+      for (int kk = 0; kk < BD; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
-            0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * 64) * 64 + kk % 64, 16,
-            1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64, 16,
-            1024));
+            0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * WGMMA_M) * 64 + kk % 64,
+            16, 1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64,
+            16, 1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
       const float float_D = (float)(D);
       const float rsqrt_float_D = rsqrtf(float_D);
       // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
-      float P[64];
+      float P[BM*BN / CONSUMERS];
       if (BN*nblk + BN <= S) {
         // every mask is a no-op on this block
         #pragma unroll
-        for (int frag = 0; frag < 16; ++frag) {
+        for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
           #pragma unroll
-          for (int reg = 0; reg < 4; ++reg) {
-            const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-            const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-            const int t = frag * 4 + reg;
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+            const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+            const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2 + reg % 2;
+            const int t = frag * TSR_MMA_REGS + reg;
             P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
                 : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
           }
         }
       } else {
         #pragma unroll
-        for (int frag = 0; frag < 16; ++frag) {
+        for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
           #pragma unroll
-          for (int reg = 0; reg < 4; ++reg) {
-            const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-            const int j = frag % 16 * 8 + lane % 4 * 2 + reg % 2;
-            const int t = frag * 4 + reg;
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+            const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+            const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2 + reg % 2;
+            const int t = frag * TSR_MMA_REGS + reg;
             P[t] = BN*nblk + j >= S ? -tsr_infinity()
                 : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
                 : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
           }
         }
       }
-      float m_c[2];
-      for (int r = 0; r < 2; ++r) m_c[r] = -tsr_infinity();
+      float m_c[TSR_LANE_ROWS];
+      for (int r = 0; r < TSR_LANE_ROWS; ++r) m_c[r] = -tsr_infinity();
       #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int t = frag * TSR_MMA_REGS + reg;
           m_c[reg / 2] = fmaxf(m_c[reg / 2], P[t]);
         }
       }
       #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < TSR_LANE_ROWS; ++r) {
         m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 1));
         m_c[r] = fmaxf(m_c[r], __shfl_xor_sync(0xffffffffu, m_c[r], 2));
       }
       #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int t = frag * TSR_MMA_REGS + reg;
           P[t] = exp2f((P[t] - (m_c[reg / 2] == -tsr_infinity() ? 0.0f : m_c[reg / 2]))
               * 1.4426950408889634f);
         }
       }
-      float l_c[2];
-      for (int r = 0; r < 2; ++r) l_c[r] = 0.0f;
+      float l_c[TSR_LANE_ROWS];
+      for (int r = 0; r < TSR_LANE_ROWS; ++r) l_c[r] = 0.0f;
       #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int t = frag * TSR_MMA_REGS + reg;
           l_c[reg / 2] = l_c[reg / 2] + P[t];
         }
       }
       #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < TSR_LANE_ROWS; ++r) {
         l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 1);
         l_c[r] = l_c[r] + __shfl_xor_sync(0xffffffffu, l_c[r], 2);
       }
       // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
-      float alpha[2], beta[2];
+      float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
       #pragma unroll
-      for (int r = 0; r < 2; ++r) {
+      for (int r = 0; r < TSR_LANE_ROWS; ++r) {
         const float m_new = fmaxf(m[r], m_c[r]);
         const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
         alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
@@ -857,29 +875,29 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
         m[r] = m_new;
       }
       #pragma unroll
-      for (int frag = 0; frag < 16; ++frag) {
+      for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 4; ++reg) {
-          const int t = frag * 4 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int t = frag * TSR_MMA_REGS + reg;
           acc[t] *= alpha[reg / 2];
         }
       }
       unsigned P_frag[8][4];
       #pragma unroll
-      for (int kk = 0; kk < BN; kk += 16) {
-        P_frag[kk / 16][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
+      for (int kk = 0; kk < BN; kk += MMA_K) {
+        P_frag[kk / MMA_K][0] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2] * beta[0]),
             tsr_float_to_bf16(P[kk / 2 + 1] * beta[0]));
-        P_frag[kk / 16][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
+        P_frag[kk / MMA_K][1] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 2] * beta[1]),
             tsr_float_to_bf16(P[kk / 2 + 3] * beta[1]));
-        P_frag[kk / 16][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
+        P_frag[kk / MMA_K][2] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 4] * beta[0]),
             tsr_float_to_bf16(P[kk / 2 + 5] * beta[0]));
-        P_frag[kk / 16][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
+        P_frag[kk / MMA_K][3] = tsr_pack_b16(tsr_float_to_bf16(P[kk / 2 + 6] * beta[1]),
             tsr_float_to_bf16(P[kk / 2 + 7] * beta[1]));
       }
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BN; kk += 16) {
-        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / 16],
+      for (int kk = 0; kk < BN; kk += WGMMA_K) {
+        tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / MMA_K],
             tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
       }
       tsr_wgmma_commit();
@@ -888,15 +906,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
     }
     // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int t = frag * 4 + reg + half;
+          const int t = frag * TSR_MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((acc[t] / l[reg / 2])));
         }
         if (BM*pid_m + i < S && j0 + 1 < D

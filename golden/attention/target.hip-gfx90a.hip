@@ -18,6 +18,16 @@
 __device__ inline float tsr_infinity() { return INFINITY; }
 __device__ inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 64 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 32, TSR_MMA_N = 32, TSR_MMA_REGS = 16, TSR_LANE_ROWS = 16 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -43,6 +53,10 @@ typedef float tsr_floatx16 __attribute__((ext_vector_type(16)));
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -59,7 +73,7 @@ __device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- attention: launch k0 of attention: the library's flash_attention
-// grid [pid_m < ceil(S/64), pid_b0 < B, pid_b1 < H], 128 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < B, pid_b1 < H], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short* __restrict__ Q,
     const unsigned short* __restrict__ K, const unsigned short* __restrict__ V,
     unsigned short* __restrict__ out, const long long B, const long long H, const long long S,
@@ -69,13 +83,15 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BD = 128;
-  constexpr int THREADS = 128;
-  __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
+  constexpr int THREADS = 2*TSR_WARP_SIZE;
+  constexpr int WARP_M = 32;
+  constexpr int MMA_K = 8;
+  __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(TSR_CHUNK_BYTES)));
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 16384);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 32768);
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   __shared__ unsigned short p_stage[4224];
@@ -86,75 +102,75 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
   const float float_D = (float)(D);
   const float scale = rsqrtf(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (Q_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? Q + (((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        q_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D
             ? Q[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[64];
+  float acc[BM*BD / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
-  float m[16];
+  float m[TSR_LANE_ROWS];
   #pragma unroll
-  for (int rs = 0; rs < 16; ++rs) {
+  for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
     const int r = rs;
     m[r] = -tsr_infinity();
   }
-  float l[16];
+  float l[TSR_LANE_ROWS];
   #pragma unroll
-  for (int rs = 0; rs < 16; ++rs) {
+  for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
     const int r = rs;
     l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (K_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(k_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? K + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          k_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
               ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (V_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(v_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? V + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          v_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
               ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
@@ -162,64 +178,64 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
     }
     __syncthreads();
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    float dot[32];
-    for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < BD && kk < D; kk += 8) {
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
+    for (int kk = 0; kk < BD && kk < D; kk += MMA_K) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
-          a_frag[q] = (short)q_tile_smem[(wave * 32 + lane % 32) * 128
-          + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8
-          + (kk + lane / 32 * 4 + q) % 8];
+          a_frag[q] = (short)q_tile_smem[(wave * WARP_M + lane % TSR_MMA_M) * BD
+          + ((kk + lane / TSR_MMA_M * 4 + q) / 8 ^ (wave * WARP_M + lane % TSR_MMA_M) % 8) * 8
+          + (kk + lane / TSR_MMA_M * 4 + q) % 8];
       #pragma unroll
-      for (int fn = 0; fn < 2; ++fn) {
+      for (int fn = 0; fn < BN / TSR_MMA_N; ++fn) {
         tsr_bf16x4 b_frag;
         for (int q = 0; q < 4; ++q)
-            b_frag[q] = (short)k_tile_smem[(fn * 32 + lane % 32) * 128
-            + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            b_frag[q] = (short)k_tile_smem[(fn * TSR_MMA_N + lane % TSR_MMA_N) * BD
+            + ((kk + lane / TSR_MMA_M * 4 + q) / 8 ^ (fn * TSR_MMA_N + lane % TSR_MMA_N) % 8) * 8
+            + (kk + lane / TSR_MMA_M * 4 + q) % 8];
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[fn * 16 + reg];
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) frag_acc[reg] = dot[fn * TSR_MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) dot[fn * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) dot[fn * TSR_MMA_REGS + reg] = frag_acc[reg];
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
-    float p[32];
+    float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S && BN*nblk + 63 <= BM*pid_m) {
       // every mask is a no-op on this block
       #pragma unroll
-      for (int frag = 0; frag < 2; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 16; ++reg) {
-          const int t = frag * 16 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int t = frag * TSR_MMA_REGS + reg;
           p[t] = dot[t] * scale;
         }
       }
     } else {
       #pragma unroll
-      for (int frag = 0; frag < 2; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 16; ++reg) {
-          const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-          const int j = frag % 2 * 32 + lane % 32;
-          const int t = frag * 16 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
+          const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+          const int t = frag * TSR_MMA_REGS + reg;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
               : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
-    float m_c[16];
-    for (int r = 0; r < 16; ++r) m_c[r] = -tsr_infinity();
+    float m_c[TSR_LANE_ROWS];
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         m_c[reg] = fmaxf(m_c[reg], p[t]);
       }
     }
     #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 1));
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 2));
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 4));
@@ -227,26 +243,26 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 16));
     }
     #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         p[t] = exp2f((p[t] - (m_c[reg] == -tsr_infinity() ? 0.0f : m_c[reg]))
             * 1.4426950408889634f);
       }
     }
-    float l_c[16];
-    for (int r = 0; r < 16; ++r) l_c[r] = 0.0f;
+    float l_c[TSR_LANE_ROWS];
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) l_c[r] = 0.0f;
     #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         l_c[reg] = l_c[reg] + p[t];
       }
     }
     #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 1);
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 2);
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 4);
@@ -254,9 +270,9 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 16);
     }
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    float alpha[16], beta[16];
+    float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
     #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
@@ -265,51 +281,52 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
       m[r] = m_new;
     }
     #pragma unroll
-    for (int frag = 0; frag < 4; ++frag) {
+    for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] *= alpha[reg];
       }
     }
     __syncthreads();
     #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-        const int j = frag % 2 * 32 + lane % 32;
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
+        const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+        const int t = frag * TSR_MMA_REGS + reg;
         p_stage[i * 66 + j] = tsr_float_to_bf16(p[t] * beta[reg]);
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 8) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += MMA_K) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
-          a_frag[q] = (short)p_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
+          a_frag[q] = (short)p_stage[(wave * WARP_M + lane % TSR_MMA_M) * 66 + kk
+          + lane / TSR_MMA_M * 4 + q];
       #pragma unroll
-      for (int fn = 0; fn < 4; ++fn) {
+      for (int fn = 0; fn < BD / TSR_MMA_N; ++fn) {
         tsr_bf16x4 b_frag;
         for (int q = 0; q < 4; ++q)
-            b_frag[q] = (short)v_tile_smem[(kk + lane / 32 * 4 + q) * 128
-            + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-            + (fn * 32 + lane % 32) % 8];
+            b_frag[q] = (short)v_tile_smem[(kk + lane / TSR_MMA_M * 4 + q) * BD
+            + ((fn * TSR_MMA_N + lane % TSR_MMA_N) / 8 ^ (kk + lane / TSR_MMA_M * 4 + q) % 8) * 8
+            + (fn * TSR_MMA_N + lane % TSR_MMA_N) % 8];
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) frag_acc[reg] = acc[fn * TSR_MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) acc[fn * TSR_MMA_REGS + reg] = frag_acc[reg];
       }
     }
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = frag % 4 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < S && j < D)
           out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[reg]))));
@@ -318,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(128) attention(const unsigned short
 }
 
 // ---- flash_attention: tile kernel flash_attention
-// grid [pid_m < ceil(S/64), pid_b0 < BH], 128 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < BH], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) flash_attention(
     const unsigned short* __restrict__ q_1, const unsigned short* __restrict__ k,
     const unsigned short* __restrict__ v, const int causal, unsigned short* __restrict__ out,
@@ -328,156 +345,158 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BD = 128;
-  constexpr int THREADS = 128;
-  __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(16)));
+  constexpr int THREADS = 2*TSR_WARP_SIZE;
+  constexpr int WARP_M = 32;
+  constexpr int MMA_K = 8;
+  __shared__ unsigned char tsr_smem[49152] __attribute__((aligned(TSR_CHUNK_BYTES)));
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 16384);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 32768);
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
   __shared__ unsigned short P_stage[4224];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (q_1_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(Qb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? q_1 + ((pid_b0 * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        Qb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D ? q_1[(pid_b0 * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[64];
+  float acc[BM*BD / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
-  float m[16];
+  float m[TSR_LANE_ROWS];
   #pragma unroll
-  for (int rs = 0; rs < 16; ++rs) {
+  for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
     const int r = rs;
     m[r] = -tsr_infinity();
   }
-  float l[16];
+  float l[TSR_LANE_ROWS];
   #pragma unroll
-  for (int rs = 0; rs < 16; ++rs) {
+  for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
     const int r = rs;
     l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (k_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(Kb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? k + ((pid_b0 * S + BN*nblk + i) * D + j) : k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Kb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D ? k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (v_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(Vb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? v + ((pid_b0 * S + BN*nblk + i) * D + j) : v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Vb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D ? v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
     __syncthreads();
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
-    float dot[32];
-    for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < BD && kk < D; kk += 8) {
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
+    for (int kk = 0; kk < BD && kk < D; kk += MMA_K) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
-          a_frag[q] = (short)Qb_smem[(wave * 32 + lane % 32) * 128
-          + ((kk + lane / 32 * 4 + q) / 8 ^ (wave * 32 + lane % 32) % 8) * 8
-          + (kk + lane / 32 * 4 + q) % 8];
+          a_frag[q] = (short)Qb_smem[(wave * WARP_M + lane % TSR_MMA_M) * BD
+          + ((kk + lane / TSR_MMA_M * 4 + q) / 8 ^ (wave * WARP_M + lane % TSR_MMA_M) % 8) * 8
+          + (kk + lane / TSR_MMA_M * 4 + q) % 8];
       #pragma unroll
-      for (int fn = 0; fn < 2; ++fn) {
+      for (int fn = 0; fn < BN / TSR_MMA_N; ++fn) {
         tsr_bf16x4 b_frag;
         for (int q = 0; q < 4; ++q)
-            b_frag[q] = (short)Kb_smem[(fn * 32 + lane % 32) * 128
-            + ((kk + lane / 32 * 4 + q) / 8 ^ (fn * 32 + lane % 32) % 8) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            b_frag[q] = (short)Kb_smem[(fn * TSR_MMA_N + lane % TSR_MMA_N) * BD
+            + ((kk + lane / TSR_MMA_M * 4 + q) / 8 ^ (fn * TSR_MMA_N + lane % TSR_MMA_N) % 8) * 8
+            + (kk + lane / TSR_MMA_M * 4 + q) % 8];
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[fn * 16 + reg];
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) frag_acc[reg] = dot[fn * TSR_MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) dot[fn * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) dot[fn * TSR_MMA_REGS + reg] = frag_acc[reg];
       }
     }
     const float float_D = (float)(D);
     const float rsqrt_float_D = rsqrtf(float_D);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
-    float P[32];
+    float P[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       #pragma unroll
-      for (int frag = 0; frag < 2; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 16; ++reg) {
-          const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-          const int j = frag % 2 * 32 + lane % 32;
-          const int t = frag * 16 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
+          const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+          const int t = frag * TSR_MMA_REGS + reg;
           P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
               : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
         }
       }
     } else {
       #pragma unroll
-      for (int frag = 0; frag < 2; ++frag) {
+      for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
         #pragma unroll
-        for (int reg = 0; reg < 16; ++reg) {
-          const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-          const int j = frag % 2 * 32 + lane % 32;
-          const int t = frag * 16 + reg;
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+          const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
+          const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+          const int t = frag * TSR_MMA_REGS + reg;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
               : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
               : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D));
         }
       }
     }
-    float m_c[16];
-    for (int r = 0; r < 16; ++r) m_c[r] = -tsr_infinity();
+    float m_c[TSR_LANE_ROWS];
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         m_c[reg] = fmaxf(m_c[reg], P[t]);
       }
     }
     #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 1));
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 2));
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 4));
@@ -485,26 +504,26 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 16));
     }
     #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         P[t] = exp2f((P[t] - (m_c[reg] == -tsr_infinity() ? 0.0f : m_c[reg]))
             * 1.4426950408889634f);
       }
     }
-    float l_c[16];
-    for (int r = 0; r < 16; ++r) l_c[r] = 0.0f;
+    float l_c[TSR_LANE_ROWS];
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) l_c[r] = 0.0f;
     #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         l_c[reg] = l_c[reg] + P[t];
       }
     }
     #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 1);
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 2);
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 4);
@@ -512,9 +531,9 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 16);
     }
     // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
-    float alpha[16], beta[16];
+    float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
     #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
@@ -523,51 +542,52 @@ extern "C" __global__ void __launch_bounds__(128) flash_attention(
       m[r] = m_new;
     }
     #pragma unroll
-    for (int frag = 0; frag < 4; ++frag) {
+    for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] *= alpha[reg];
       }
     }
     __syncthreads();
     #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-        const int j = frag % 2 * 32 + lane % 32;
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
+        const int j = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+        const int t = frag * TSR_MMA_REGS + reg;
         P_stage[i * 66 + j] = tsr_float_to_bf16(P[t] * beta[reg]);
       }
     }
     __syncthreads();
-    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 8) {
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += MMA_K) {
       tsr_bf16x4 a_frag;
       for (int q = 0; q < 4; ++q)
-          a_frag[q] = (short)P_stage[(wave * 32 + lane % 32) * 66 + kk + lane / 32 * 4 + q];
+          a_frag[q] = (short)P_stage[(wave * WARP_M + lane % TSR_MMA_M) * 66 + kk
+          + lane / TSR_MMA_M * 4 + q];
       #pragma unroll
-      for (int fn = 0; fn < 4; ++fn) {
+      for (int fn = 0; fn < BD / TSR_MMA_N; ++fn) {
         tsr_bf16x4 b_frag;
         for (int q = 0; q < 4; ++q)
-            b_frag[q] = (short)Vb_smem[(kk + lane / 32 * 4 + q) * 128
-            + ((fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-            + (fn * 32 + lane % 32) % 8];
+            b_frag[q] = (short)Vb_smem[(kk + lane / TSR_MMA_M * 4 + q) * BD
+            + ((fn * TSR_MMA_N + lane % TSR_MMA_N) / 8 ^ (kk + lane / TSR_MMA_M * 4 + q) % 8) * 8
+            + (fn * TSR_MMA_N + lane % TSR_MMA_N) % 8];
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) frag_acc[reg] = acc[fn * TSR_MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) acc[fn * TSR_MMA_REGS + reg] = frag_acc[reg];
       }
     }
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = frag % 4 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < S && j < D)
           out[(pid_b0 * S + BM*pid_m + i) * D + j] =
           tsr_float_to_bf16((tsr_round_bf16((acc[t] / l[reg]))));

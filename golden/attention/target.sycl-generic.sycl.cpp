@@ -20,6 +20,12 @@
 inline float tsr_infinity() { return INFINITY; }
 inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(unsigned short bits) {
@@ -38,6 +44,10 @@ inline float tsr_round_bf16(float value) {
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -54,7 +64,7 @@ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- attention_k0: launch k0 of attention: the library's flash_attention
-// grid [pid_m < ceil(S/32), pid_b0 < B, pid_b1 < H], 128 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < B, pid_b1 < H], 128 threads per program
 inline void attention_k0(const unsigned short* __restrict__ Q,
     const unsigned short* __restrict__ K, const unsigned short* __restrict__ V,
     unsigned short* __restrict__ out, const long long B, const long long H, const long long S,
@@ -65,12 +75,15 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   constexpr int BM = 32;
   constexpr int BN = 32;
   constexpr int BD = 128;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const q_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const k_tile_smem = (unsigned short*)(tsr_smem + 8192);
   unsigned short* const v_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool Q_aligned = tsr_aligned16(Q) && D % 8 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool K_aligned = tsr_aligned16(K) && D % 8 == 0;
   const bool V_aligned = tsr_aligned16(V) && D % 8 == 0;
   // the last rows first: they run the most blocks
@@ -80,66 +93,66 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   const float float_D = (float)(D);
   const float scale = sycl::rsqrt(float_D);
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (Q_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? Q + (((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j) : Q, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
-        q_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        q_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D
             ? Q[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 4; ++r) {
+  float acc[BM*BD / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
     }
   }
-  float m[4];
-  for (int r = 0; r < 4; ++r) {
+  float m[RM];
+  for (int r = 0; r < RM; ++r) {
     m[r] = -tsr_infinity();
   }
-  float l[4];
-  for (int r = 0; r < 4; ++r) {
+  float l[RM];
+  for (int r = 0; r < RM; ++r) {
     l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * BN < S && nblk * BN < BM*pid_m + BM; ++nblk) {
     sycl::group_barrier(it.get_group());
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (K_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(k_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? K + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : K, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          k_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          k_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
               ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (V_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(v_tile_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? V + (((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j) : V, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          v_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          v_tile_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D
               ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + i) * D + j + q] : 0;
         }
@@ -147,80 +160,80 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
     }
     sycl::group_barrier(it.get_group());
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    float dot[8];
-    for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD && kk < D; ++kk) {
-      float a_k[4], b_k[2];
-      for (int r = 0; r < 4; ++r)
-          a_k[r] = tsr_bf16_to_float(q_tile_smem[(ty + r * 8) * 128
-          + (kk / 8 ^ (ty + r * 8) % 8) * 8 + kk % 8]);
+      float a_k[RM], b_k[2];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(q_tile_smem[(ty + r * TY) * BD
+          + (kk / 8 ^ (ty + r * TY) % 8) * 8 + kk % 8]);
       for (int c = 0; c < 2; ++c)
-          b_k[c] = tsr_bf16_to_float(k_tile_smem[(tx + c * 16) * 128
-          + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
-      for (int r = 0; r < 4; ++r) {
+          b_k[c] = tsr_bf16_to_float(k_tile_smem[(tx + c * TX) * BD
+          + (kk / 8 ^ (tx + c * TX) % 8) * 8 + kk % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
-    float p[8];
+    float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S && BN*nblk + 31 <= BM*pid_m) {
       // every mask is a no-op on this block
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 2; ++c) {
           const int t = r * 2 + c;
           p[t] = dot[t] * scale;
         }
       }
     } else {
-      for (int r = 0; r < 4; ++r) {
-        const int i = ty + r * 8;
+      for (int r = 0; r < RM; ++r) {
+        const int i = ty + r * TY;
         for (int c = 0; c < 2; ++c) {
-          const int j = tx + c * 16;
+          const int j = tx + c * TX;
           const int t = r * 2 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
               : ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity() : (dot[t] * scale));
         }
       }
     }
-    float m_c[4];
-    for (int r = 0; r < 4; ++r) {
+    float m_c[RM];
+    for (int r = 0; r < RM; ++r) {
       float part = -tsr_infinity();
       for (int c = 0; c < 2; ++c) part = sycl::fmax(part, p[r * 2 + c]);
       m_c[r] = part;
     }
-    for (int r = 0; r < 4; ++r) tsr_rows[r * 128 + lid] = m_c[r];
+    for (int r = 0; r < RM; ++r) tsr_rows[r * THREADS + lid] = m_c[r];
     sycl::group_barrier(it.get_group());
-    for (int r = 0; r < 4; ++r) {
-      float part = tsr_rows[r * 128 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer)
-          part = sycl::fmax(part, tsr_rows[r * 128 + ty * 16 + peer]);
+    for (int r = 0; r < RM; ++r) {
+      float part = tsr_rows[r * THREADS + ty * TX];
+      for (int peer = 1; peer < TX; ++peer)
+          part = sycl::fmax(part, tsr_rows[r * THREADS + ty * TX + peer]);
       m_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
         p[t] = sycl::exp2((p[t] - (m_c[r] == -tsr_infinity() ? 0.0f : m_c[r]))
             * 1.4426950408889634f);
       }
     }
-    float l_c[4];
-    for (int r = 0; r < 4; ++r) {
+    float l_c[RM];
+    for (int r = 0; r < RM; ++r) {
       float part = 0.0f;
       for (int c = 0; c < 2; ++c) part = part + p[r * 2 + c];
       l_c[r] = part;
     }
-    for (int r = 0; r < 4; ++r) tsr_rows[r * 128 + lid] = l_c[r];
+    for (int r = 0; r < RM; ++r) tsr_rows[r * THREADS + lid] = l_c[r];
     sycl::group_barrier(it.get_group());
-    for (int r = 0; r < 4; ++r) {
-      float part = tsr_rows[r * 128 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer) part = part + tsr_rows[r * 128 + ty * 16 + peer];
+    for (int r = 0; r < RM; ++r) {
+      float part = tsr_rows[r * THREADS + ty * TX];
+      for (int peer = 1; peer < TX; ++peer) part = part + tsr_rows[r * THREADS + ty * TX + peer];
       l_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    float alpha[4], beta[4];
-    for (int r = 0; r < 4; ++r) {
+    float alpha[RM], beta[RM];
+    for (int r = 0; r < RM; ++r) {
       const float m_new = sycl::fmax(m[r], m_c[r]);
       const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = sycl::exp2((m[r] - m_fin) * 1.4426950408889634f);
@@ -228,38 +241,38 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 8; ++c) {
         const int t = r * 8 + c;
         acc[t] *= alpha[r];
       }
     }
     sycl::group_barrier(it.get_group());
-    for (int r = 0; r < 4; ++r) {
-      const int i = ty + r * 8;
+    for (int r = 0; r < RM; ++r) {
+      const int i = ty + r * TY;
       for (int c = 0; c < 2; ++c) {
-        const int j = tx + c * 16;
+        const int j = tx + c * TX;
         const int t = r * 2 + c;
         p_stage[i * 33 + j] = tsr_round_bf16(p[t] * beta[r]);
       }
     }
     sycl::group_barrier(it.get_group());
     for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
-      float a_k[4], b_k[8];
-      for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r) a_k[r] = p_stage[(ty + r * TY) * 33 + kk];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = tsr_bf16_to_float(v_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 4; ++r) {
+          b_k[c] = tsr_bf16_to_float(v_tile_smem[kk * BD + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // flash_attention.tsr:26: return acc / l[:, None]
-  for (int r = 0; r < 4; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && j < D)
           out[((pid_b0 * H + pid_b1) * S + BM*pid_m + i) * D + j] =
@@ -269,7 +282,7 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
 }
 
 // ---- flash_attention_k0: tile kernel flash_attention
-// grid [pid_m < ceil(S/32), pid_b0 < BH], 128 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < BH], 128 threads per program
 inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
     const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, const int causal,
     unsigned short* __restrict__ out, const long long BH, const long long S, const long long D,
@@ -279,115 +292,118 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
   constexpr int BM = 32;
   constexpr int BN = 32;
   constexpr int BD = 128;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const Qb_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const Kb_smem = (unsigned short*)(tsr_smem + 8192);
   unsigned short* const Vb_smem = (unsigned short*)(tsr_smem + 16384);
   const bool q_1_aligned = tsr_aligned16(q_1) && D % 8 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool k_aligned = tsr_aligned16(k) && D % 8 == 0;
   const bool v_aligned = tsr_aligned16(v) && D % 8 == 0;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // attention.tsr:23: Qb = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 8;
+  for (int e = lid; e < BM*BD / 8; e += THREADS) {
+    const int i = e / (BD / 8);
+    const int j = e % (BD / 8) * 8;
     if (q_1_aligned) {
-      const int bytes = BM*pid_m + i < S && j < D ? 16 : 0;
-      tsr_copy16(Qb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+      const int bytes = BM*pid_m + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(Qb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
           bytes ? q_1 + ((pid_b0 * S + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 8; ++q) {
-        Qb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+        Qb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
             BM*pid_m + i < S && j + q < D ? q_1[(pid_b0 * S + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
   // attention.tsr:27: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 4; ++r) {
+  float acc[BM*BD / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
     }
   }
-  float m[4];
-  for (int r = 0; r < 4; ++r) {
+  float m[RM];
+  for (int r = 0; r < RM; ++r) {
     m[r] = -tsr_infinity();
   }
-  float l[4];
-  for (int r = 0; r < 4; ++r) {
+  float l[RM];
+  for (int r = 0; r < RM; ++r) {
     l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     sycl::group_barrier(it.get_group());
     // attention.tsr:28: Kb = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (k_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Kb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(Kb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? k + ((pid_b0 * S + BN*nblk + i) * D + j) : k, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          Kb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Kb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D ? k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
     // attention.tsr:29: Vb = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BN*BD / 8; e += THREADS) {
+      const int i = e / (BD / 8);
+      const int j = e % (BD / 8) * 8;
       if (v_aligned) {
-        const int bytes = BN*nblk + i < S && j < D ? 16 : 0;
-        tsr_copy16(Vb_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BN*nblk + i < S && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(Vb_smem + (i * BD + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? v + ((pid_b0 * S + BN*nblk + i) * D + j) : v, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          Vb_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          Vb_smem[i * BD + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BN*nblk + i < S && j + q < D ? v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     // attention.tsr:30: S = tile.dot(Qb, tile.transpose(Kb)) * tile.rsqrt(float(q.shape[2]))
-    float dot[8];
-    for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD && kk < D; ++kk) {
-      float a_k[4], b_k[2];
-      for (int r = 0; r < 4; ++r)
-          a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * 8) * 128 + (kk / 8 ^ (ty + r * 8) % 8) * 8
+      float a_k[RM], b_k[2];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(Qb_smem[(ty + r * TY) * BD + (kk / 8 ^ (ty + r * TY) % 8) * 8
           + kk % 8]);
       for (int c = 0; c < 2; ++c)
-          b_k[c] = tsr_bf16_to_float(Kb_smem[(tx + c * 16) * 128
-          + (kk / 8 ^ (tx + c * 16) % 8) * 8 + kk % 8]);
-      for (int r = 0; r < 4; ++r) {
+          b_k[c] = tsr_bf16_to_float(Kb_smem[(tx + c * TX) * BD + (kk / 8 ^ (tx + c * TX) % 8) * 8
+          + kk % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
     const float float_D = (float)(D);
     const float rsqrt_float_D = sycl::rsqrt(float_D);
     // attention.tsr:33: P, m_c, l_c = tile.softmax_online(S)
-    float P[8];
+    float P[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
-      for (int r = 0; r < 4; ++r) {
-        const int i = ty + r * 8;
+      for (int r = 0; r < RM; ++r) {
+        const int i = ty + r * TY;
         for (int c = 0; c < 2; ++c) {
-          const int j = tx + c * 16;
+          const int j = tx + c * TX;
           const int t = r * 2 + c;
           P[t] = causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
               : (dot[t] * rsqrt_float_D)) : (dot[t] * rsqrt_float_D);
         }
       }
     } else {
-      for (int r = 0; r < 4; ++r) {
-        const int i = ty + r * 8;
+      for (int r = 0; r < RM; ++r) {
+        const int i = ty + r * TY;
         for (int c = 0; c < 2; ++c) {
-          const int j = tx + c * 16;
+          const int j = tx + c * TX;
           const int t = r * 2 + c;
           P[t] = BN*nblk + j >= S ? -tsr_infinity()
               : (causal ? ((BN*nblk + j) > (BM*pid_m + i) ? -tsr_infinity()
@@ -395,45 +411,45 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
         }
       }
     }
-    float m_c[4];
-    for (int r = 0; r < 4; ++r) {
+    float m_c[RM];
+    for (int r = 0; r < RM; ++r) {
       float part = -tsr_infinity();
       for (int c = 0; c < 2; ++c) part = sycl::fmax(part, P[r * 2 + c]);
       m_c[r] = part;
     }
-    for (int r = 0; r < 4; ++r) tsr_rows[r * 128 + lid] = m_c[r];
+    for (int r = 0; r < RM; ++r) tsr_rows[r * THREADS + lid] = m_c[r];
     sycl::group_barrier(it.get_group());
-    for (int r = 0; r < 4; ++r) {
-      float part = tsr_rows[r * 128 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer)
-          part = sycl::fmax(part, tsr_rows[r * 128 + ty * 16 + peer]);
+    for (int r = 0; r < RM; ++r) {
+      float part = tsr_rows[r * THREADS + ty * TX];
+      for (int peer = 1; peer < TX; ++peer)
+          part = sycl::fmax(part, tsr_rows[r * THREADS + ty * TX + peer]);
       m_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
         P[t] = sycl::exp2((P[t] - (m_c[r] == -tsr_infinity() ? 0.0f : m_c[r]))
             * 1.4426950408889634f);
       }
     }
-    float l_c[4];
-    for (int r = 0; r < 4; ++r) {
+    float l_c[RM];
+    for (int r = 0; r < RM; ++r) {
       float part = 0.0f;
       for (int c = 0; c < 2; ++c) part = part + P[r * 2 + c];
       l_c[r] = part;
     }
-    for (int r = 0; r < 4; ++r) tsr_rows[r * 128 + lid] = l_c[r];
+    for (int r = 0; r < RM; ++r) tsr_rows[r * THREADS + lid] = l_c[r];
     sycl::group_barrier(it.get_group());
-    for (int r = 0; r < 4; ++r) {
-      float part = tsr_rows[r * 128 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer) part = part + tsr_rows[r * 128 + ty * 16 + peer];
+    for (int r = 0; r < RM; ++r) {
+      float part = tsr_rows[r * THREADS + ty * TX];
+      for (int peer = 1; peer < TX; ++peer) part = part + tsr_rows[r * THREADS + ty * TX + peer];
       l_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
     // attention.tsr:34: acc, m, l = tile.softmax_accumulate(acc, m, l, P, Vb, m_c, l_c)
-    float alpha[4], beta[4];
-    for (int r = 0; r < 4; ++r) {
+    float alpha[RM], beta[RM];
+    for (int r = 0; r < RM; ++r) {
       const float m_new = sycl::fmax(m[r], m_c[r]);
       const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = sycl::exp2((m[r] - m_fin) * 1.4426950408889634f);
@@ -441,38 +457,38 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 8; ++c) {
         const int t = r * 8 + c;
         acc[t] *= alpha[r];
       }
     }
     sycl::group_barrier(it.get_group());
-    for (int r = 0; r < 4; ++r) {
-      const int i = ty + r * 8;
+    for (int r = 0; r < RM; ++r) {
+      const int i = ty + r * TY;
       for (int c = 0; c < 2; ++c) {
-        const int j = tx + c * 16;
+        const int j = tx + c * TX;
         const int t = r * 2 + c;
         P_stage[i * 33 + j] = tsr_round_bf16(P[t] * beta[r]);
       }
     }
     sycl::group_barrier(it.get_group());
     for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
-      float a_k[4], b_k[8];
-      for (int r = 0; r < 4; ++r) a_k[r] = P_stage[(ty + r * 8) * 33 + kk];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r) a_k[r] = P_stage[(ty + r * TY) * 33 + kk];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = tsr_bf16_to_float(Vb_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 4; ++r) {
+          b_k[c] = tsr_bf16_to_float(Vb_smem[kk * BD + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
-  for (int r = 0; r < 4; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && j < D)
           out[(pid_b0 * S + BM*pid_m + i) * D + j] =

@@ -41,6 +41,14 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -48,6 +56,10 @@ __device__ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); 
 __device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -101,14 +113,14 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- qkv_k0: launch k0 of qkv: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) qkv_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -150,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k0(const float* __restrict
 }
 
 // ---- qkv_k1: launch k1 of qkv: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -158,29 +170,33 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -188,16 +204,16 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[i * 256 + BN*pid_n + j + q];
         }
       }
@@ -205,44 +221,44 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (16 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(16 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -252,38 +268,38 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 32 + i) * 256 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wq[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -291,22 +307,22 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -314,14 +330,14 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
 }
 
 // ---- qkv_k2: launch k2 of qkv: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) qkv_k2(const float* __restrict__ t0,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -341,7 +357,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k2(const float* __restrict
 }
 
 // ---- qkv_k3: launch k3 of qkv: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -349,29 +365,33 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -379,16 +399,16 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -396,44 +416,44 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (16 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(16 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -443,38 +463,38 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 32 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 32 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wk[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -482,22 +502,22 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -505,14 +525,14 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
 }
 
 // ---- qkv_k4: launch k4 of qkv: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) qkv_k4(const float* __restrict__ t3,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -532,7 +552,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k4(const float* __restrict
 }
 
 // ---- qkv_k5: launch k5 of qkv: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -540,29 +560,33 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -570,16 +594,16 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -587,44 +611,44 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (16 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(16 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -634,38 +658,38 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 32 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 32 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wv[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -673,22 +697,22 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -696,13 +720,13 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
 }
 
 // ---- qkv_k6: launch k6 of qkv: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) qkv_k6(const float* __restrict__ t6,
     float* __restrict__ out2, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -716,14 +740,14 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k6(const float* __restrict
 }
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -765,7 +789,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -773,29 +797,33 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -803,16 +831,16 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[i * 256 + BN*pid_n + j + q];
         }
       }
@@ -820,44 +848,44 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (16 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(16 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -867,38 +895,38 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 32 + i) * 256 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wq[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -906,22 +934,22 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -929,14 +957,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __restrict__ t0,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -956,7 +984,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -964,29 +992,33 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -994,16 +1026,16 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -1011,44 +1043,44 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (16 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(16 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1058,38 +1090,38 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 32 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 32 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wk[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -1097,22 +1129,22 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -1120,14 +1152,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __restrict__ t3,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ k,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1147,7 +1179,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1155,29 +1187,33 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1185,16 +1221,16 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -1202,44 +1238,44 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (16 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(16 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1249,38 +1285,38 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 32 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 32 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wv[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -1288,22 +1324,22 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -1311,13 +1347,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __restrict__ t6,
     float* __restrict__ v, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1338,7 +1374,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k7(float* __restrict__
     const long long S, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  constexpr int THREADS = 256;
+  constexpr int BM = 1;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1347,14 +1384,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k7(float* __restrict__
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
 }
 
@@ -1370,14 +1407,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k8(
 }
 
 // ---- project_windowed_k0: launch k0 of project_windowed: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_windowed_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -1419,7 +1456,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k0(const floa
 }
 
 // ---- project_windowed_k1: launch k1 of project_windowed: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1427,29 +1464,33 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1457,16 +1498,16 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[i * 256 + BN*pid_n + j + q];
         }
       }
@@ -1474,44 +1515,44 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (16 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(16 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1521,38 +1562,38 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 32 + i) * 256 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wq[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -1560,22 +1601,22 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -1583,7 +1624,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
 }
 
 // ---- project_windowed_k2: launch k2 of project_windowed: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_windowed_k2(
     const float* __restrict__ t0, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ out, const long long B,
@@ -1591,7 +1632,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k2(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1611,7 +1652,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k2(
 }
 
 // ---- project_windowed_k3: launch k3 of project_windowed: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1619,29 +1660,33 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1649,16 +1694,16 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -1666,44 +1711,44 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (16 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(16 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1713,38 +1758,38 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 32 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 32 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wk[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -1752,22 +1797,22 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -1775,14 +1820,14 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
 }
 
 // ---- project_windowed_k4: launch k4 of project_windowed: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_windowed_k4(
     const float* __restrict__ t3, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ k, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1802,7 +1847,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k4(
 }
 
 // ---- project_windowed_k5: launch k5 of project_windowed: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1810,29 +1855,33 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1840,16 +1889,16 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -1857,44 +1906,44 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (16 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(16 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1904,38 +1953,38 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 32 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 32 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wv[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -1943,22 +1992,22 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -1966,13 +2015,13 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
 }
 
 // ---- project_windowed_k6: launch k6 of project_windowed: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_windowed_k6(
     const float* __restrict__ t6, float* __restrict__ v, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1993,7 +2042,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k7(float* __r
     const long long S, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  constexpr int THREADS = 256;
+  constexpr int BM = 1;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -2002,14 +2052,14 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k7(float* __r
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
 }
 
@@ -2025,13 +2075,13 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k8(
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
-// grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 128 threads per program
+// grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restrict__ o,
     float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -2045,7 +2095,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restr
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0,
     const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
     const long long B, const long long T) {
@@ -2054,29 +2104,33 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool t0_aligned = tsr_aligned16(t0);
   const bool wo_aligned = tsr_aligned16(wo);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -2084,16 +2138,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wo[i * 256 + BN*pid_n + j + q];
         }
       }
@@ -2101,44 +2155,44 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : t0, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (16 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(16 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wo[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -2148,38 +2202,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t0_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : t0, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + 32 + i) * 256 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wo + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wo[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -2187,23 +2242,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:52: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
@@ -2212,14 +2267,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restrict__ x_1,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -2261,7 +2316,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
-// grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h,
     const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -2269,29 +2324,33 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wg_aligned = tsr_aligned16(wg);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -2299,16 +2358,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wg[i * 512 + BN*pid_n + j + q];
         }
       }
@@ -2316,44 +2375,44 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (16 + i) * 512 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(16 + i) * 512 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wg[(BK + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -2363,38 +2422,38 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + 32 + i) * 512 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wg + (BK*kb + 2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + 32 + i) * 512 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wg[(BK*kb + 2*BK + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -2402,23 +2461,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
@@ -2427,7 +2486,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
-// grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h,
     const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6,
     const long long B, const long long T) {
@@ -2436,29 +2495,33 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h);
   const bool wu_aligned = tsr_aligned16(wu);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -2466,16 +2529,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wu[i * 512 + BN*pid_n + j + q];
         }
       }
@@ -2483,44 +2546,44 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (16 + i) * 512 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(16 + i) * 512 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wu[(BK + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -2530,38 +2593,38 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + 32 + i) * 512 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wu + (BK*kb + 2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + 32 + i) * 512 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wu[(BK*kb + 2*BK + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -2569,23 +2632,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
@@ -2594,7 +2657,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6,
     const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out,
     const long long B, const long long T) {
@@ -2603,29 +2666,33 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool t6_aligned = tsr_aligned16(t6);
   const bool wd_aligned = tsr_aligned16(wd);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 512) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
         }
       }
@@ -2633,16 +2700,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 512) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wd[i * 256 + BN*pid_n + j + q];
         }
       }
@@ -2650,44 +2717,44 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < 512) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < 512) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + 16 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < 512) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 512) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (16 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(16 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wd[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -2697,38 +2764,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < 512) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < 512) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t6_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 32 + j) : t6, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 2*BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 2*BK + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < 512) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < 512) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + 32 + i) * 256 + BN*pid_n + j, 16);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wd + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + 32 + i) * 256 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wd[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -2736,23 +2804,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);

@@ -41,6 +41,14 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -48,6 +56,10 @@ __device__ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); 
 __device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -101,14 +113,14 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- qkv_k0: launch k0 of qkv: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) qkv_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -150,7 +162,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k0(const float* __restrict
 }
 
 // ---- qkv_k1: launch k1 of qkv: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -158,29 +170,33 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -188,16 +204,16 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[i * 256 + BN*pid_n + j + q];
         }
       }
@@ -205,80 +221,80 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (32 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(32 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (64 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(64 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(2*BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -288,38 +304,38 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 96 + i) * 256 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 96 + i) * 256 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wq[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -327,22 +343,22 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -350,14 +366,14 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
 }
 
 // ---- qkv_k2: launch k2 of qkv: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) qkv_k2(const float* __restrict__ t0,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -377,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k2(const float* __restrict
 }
 
 // ---- qkv_k3: launch k3 of qkv: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -385,29 +401,33 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -415,16 +435,16 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -432,80 +452,80 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (32 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(32 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (64 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(64 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(2*BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -515,38 +535,38 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 96 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 96 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wk[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -554,22 +574,22 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -577,14 +597,14 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
 }
 
 // ---- qkv_k4: launch k4 of qkv: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) qkv_k4(const float* __restrict__ t3,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -604,7 +624,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k4(const float* __restrict
 }
 
 // ---- qkv_k5: launch k5 of qkv: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -612,29 +632,33 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -642,16 +666,16 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -659,80 +683,80 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (32 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(32 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (64 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(64 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(2*BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -742,38 +766,38 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 96 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 96 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wv[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -781,22 +805,22 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -804,13 +828,13 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
 }
 
 // ---- qkv_k6: launch k6 of qkv: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) qkv_k6(const float* __restrict__ t6,
     float* __restrict__ out2, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -824,14 +848,14 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k6(const float* __restrict
 }
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -873,7 +897,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -881,29 +905,33 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -911,16 +939,16 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[i * 256 + BN*pid_n + j + q];
         }
       }
@@ -928,80 +956,80 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (32 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(32 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (64 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(64 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(2*BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1011,38 +1039,38 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 96 + i) * 256 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 96 + i) * 256 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wq[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -1050,22 +1078,22 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -1073,14 +1101,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __restrict__ t0,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1100,7 +1128,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1108,29 +1136,33 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1138,16 +1170,16 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -1155,80 +1187,80 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (32 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(32 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (64 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(64 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(2*BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1238,38 +1270,38 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 96 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 96 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wk[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -1277,22 +1309,22 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -1300,14 +1332,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __restrict__ t3,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ k,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1327,7 +1359,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1335,29 +1367,33 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1365,16 +1401,16 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -1382,80 +1418,80 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (32 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(32 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (64 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(64 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(2*BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1465,38 +1501,38 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 96 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 96 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wv[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -1504,22 +1540,22 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -1527,13 +1563,13 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __restrict__ t6,
     float* __restrict__ v, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1554,7 +1590,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k7(float* __restrict__
     const long long S, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  constexpr int THREADS = 256;
+  constexpr int BM = 1;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1563,14 +1600,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k7(float* __restrict__
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
 }
 
@@ -1586,14 +1623,14 @@ extern "C" __global__ void __launch_bounds__(256) project_k8(
 }
 
 // ---- project_windowed_k0: launch k0 of project_windowed: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_windowed_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -1635,7 +1672,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k0(const floa
 }
 
 // ---- project_windowed_k1: launch k1 of project_windowed: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1643,29 +1680,33 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1673,16 +1714,16 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[i * 256 + BN*pid_n + j + q];
         }
       }
@@ -1690,80 +1731,80 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (32 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(32 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (64 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(64 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wq[(2*BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1773,38 +1814,38 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 96 + i) * 256 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 96 + i) * 256 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wq[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -1812,22 +1853,22 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -1835,7 +1876,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
 }
 
 // ---- project_windowed_k2: launch k2 of project_windowed: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_windowed_k2(
     const float* __restrict__ t0, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ out, const long long B,
@@ -1843,7 +1884,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k2(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1863,7 +1904,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k2(
 }
 
 // ---- project_windowed_k3: launch k3 of project_windowed: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1871,29 +1912,33 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1901,16 +1946,16 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -1918,80 +1963,80 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (32 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(32 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (64 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(64 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wk[(2*BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -2001,38 +2046,38 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 96 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 96 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wk[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -2040,22 +2085,22 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -2063,14 +2108,14 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
 }
 
 // ---- project_windowed_k4: launch k4 of project_windowed: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_windowed_k4(
     const float* __restrict__ t3, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ k, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -2090,7 +2135,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k4(
 }
 
 // ---- project_windowed_k5: launch k5 of project_windowed: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -2098,29 +2143,33 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -2128,16 +2177,16 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[i * 128 + BN*pid_n + j + q];
         }
       }
@@ -2145,80 +2194,80 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (32 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(32 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (64 + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(64 + i) * 128 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wv[(2*BK + i) * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -2228,38 +2277,38 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 96 + i) * 128 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 96 + i) * 128 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wv[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
@@ -2267,22 +2316,22 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -2290,13 +2339,13 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
 }
 
 // ---- project_windowed_k6: launch k6 of project_windowed: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) project_windowed_k6(
     const float* __restrict__ t6, float* __restrict__ v, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -2317,7 +2366,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k7(float* __r
     const long long S, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  constexpr int THREADS = 256;
+  constexpr int BM = 1;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -2326,14 +2376,14 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k7(float* __r
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
 }
 
@@ -2349,13 +2399,13 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k8(
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
-// grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 128 threads per program
+// grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restrict__ o,
     float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -2369,7 +2419,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restr
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0,
     const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
     const long long B, const long long T) {
@@ -2378,29 +2428,33 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool t0_aligned = tsr_aligned16(t0);
   const bool wo_aligned = tsr_aligned16(wo);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -2408,16 +2462,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wo[i * 256 + BN*pid_n + j + q];
         }
       }
@@ -2425,80 +2479,80 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : t0, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (32 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(32 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wo[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : t0, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (64 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(64 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wo[(2*BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -2508,38 +2562,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t0_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : t0, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + 96 + i) * 256 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wo + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + 96 + i) * 256 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wo[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -2547,23 +2602,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:52: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
@@ -2572,14 +2627,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restrict__ x_1,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -2621,7 +2676,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
-// grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h,
     const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -2629,29 +2684,33 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wg_aligned = tsr_aligned16(wg);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -2659,16 +2718,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wg[i * 512 + BN*pid_n + j + q];
         }
       }
@@ -2676,80 +2735,80 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (32 + i) * 512 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(32 + i) * 512 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wg[(BK + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (64 + i) * 512 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(64 + i) * 512 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wg[(2*BK + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -2759,38 +2818,38 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + 96 + i) * 512 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wg + (BK*kb + 3*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + 96 + i) * 512 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wg[(BK*kb + 3*BK + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -2798,23 +2857,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
@@ -2823,7 +2882,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
-// grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h,
     const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6,
     const long long B, const long long T) {
@@ -2832,29 +2891,33 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool h_aligned = tsr_aligned16(h);
   const bool wu_aligned = tsr_aligned16(wu);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -2862,16 +2925,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wu[i * 512 + BN*pid_n + j + q];
         }
       }
@@ -2879,80 +2942,80 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (32 + i) * 512 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(32 + i) * 512 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wu[(BK + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 64 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 256) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 256) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (64 + i) * 512 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(64 + i) * 512 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wu[(2*BK + i) * 512 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -2962,38 +3025,38 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j) : h, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 256) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 256) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + 96 + i) * 512 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wu + (BK*kb + 3*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + 96 + i) * 512 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wu[(BK*kb + 3*BK + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
@@ -3001,23 +3064,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
@@ -3026,7 +3089,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6,
     const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out,
     const long long B, const long long T) {
@@ -3035,29 +3098,33 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool t6_aligned = tsr_aligned16(t6);
   const bool wd_aligned = tsr_aligned16(wd);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 512) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
         }
       }
@@ -3065,16 +3132,16 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 512) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wd[i * 256 + BN*pid_n + j + q];
         }
       }
@@ -3082,80 +3149,80 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < 512) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < 512) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + 32 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < 512) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < 512) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (32 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(32 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wd[(BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < 512) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < 512) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + 64 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + 2*BK + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < 512) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < 512) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (64 + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(64 + i) * 256 + BN*pid_n + j + q];
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              wd[(2*BK + i) * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -3165,38 +3232,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < 512) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < 512) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t6_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 96 + j) : t6, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 3*BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 3*BK + j + q]
+                : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < 512) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < 512) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + 96 + i) * 256 + BN*pid_n + j, 16);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wd + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + 96 + i) * 256 + BN*pid_n + j + q];
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                wd[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
@@ -3204,23 +3272,23 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);

@@ -41,6 +41,18 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 64 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 32, TSR_MMA_N = 32, TSR_MMA_REGS = 16, TSR_LANE_ROWS = 16 };
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -55,6 +67,10 @@ typedef _Float16 tsr_halfx4 __attribute__((ext_vector_type(4)));
 typedef float tsr_floatx16 __attribute__((ext_vector_type(16)));
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -89,14 +105,14 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- qkv_k0: launch k0 of qkv: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -138,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k0(const float* __restrict
 }
 
 // ---- qkv_k1: launch k1 of qkv: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -146,29 +162,32 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -176,28 +195,28 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[i * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -205,17 +224,17 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -223,62 +242,68 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wq[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- qkv_k2: launch k2 of qkv: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k2(const float* __restrict__ t0,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out0,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -298,7 +323,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k2(const float* __restrict
 }
 
 // ---- qkv_k3: launch k3 of qkv: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -306,29 +331,32 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -336,28 +364,28 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[i * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -365,17 +393,17 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -383,62 +411,68 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wk[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- qkv_k4: launch k4 of qkv: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k4(const float* __restrict__ t3,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out1,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -458,7 +492,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k4(const float* __restrict
 }
 
 // ---- qkv_k5: launch k5 of qkv: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -466,29 +500,32 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -496,28 +533,28 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[i * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -525,17 +562,17 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -543,61 +580,67 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wv[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- qkv_k6: launch k6 of qkv: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) qkv_k6(const float* __restrict__ t6,
     float* __restrict__ out2, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -611,14 +654,14 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k6(const float* __restrict
 }
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -660,7 +703,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -668,29 +711,32 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -698,28 +744,28 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[i * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -727,17 +773,17 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -745,62 +791,68 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wq[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k2(const float* __restrict__ t0,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ out,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -820,7 +872,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k2(const float* __rest
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -828,29 +880,32 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -858,28 +913,28 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[i * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -887,17 +942,17 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -905,62 +960,68 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wk[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k4(const float* __restrict__ t3,
     const float* __restrict__ cos_1, const float* __restrict__ sin_1, float* __restrict__ k,
     const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -980,7 +1041,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k4(const float* __rest
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -988,29 +1049,32 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1018,28 +1082,28 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[i * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1047,17 +1111,17 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -1065,61 +1129,67 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wv[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_k6(const float* __restrict__ t6,
     float* __restrict__ v, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1140,7 +1210,8 @@ extern "C" __global__ void __launch_bounds__(512) project_k7(float* __restrict__
     const long long S, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  constexpr int THREADS = 512;
+  constexpr int BM = 1;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1149,14 +1220,14 @@ extern "C" __global__ void __launch_bounds__(512) project_k7(float* __restrict__
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
 }
 
@@ -1172,14 +1243,14 @@ extern "C" __global__ void __launch_bounds__(512) project_k8(
 }
 
 // ---- project_windowed_k0: launch k0 of project_windowed: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k0(const float* __restrict__ x,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -1221,7 +1292,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k0(const floa
 }
 
 // ---- project_windowed_k1: launch k1 of project_windowed: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1229,29 +1300,32 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1259,28 +1333,28 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[i * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1288,17 +1362,17 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -1306,55 +1380,61 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wq[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_windowed_k2: launch k2 of project_windowed: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k2(
     const float* __restrict__ t0, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ out, const long long B,
@@ -1362,7 +1442,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k2(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1382,7 +1462,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k2(
 }
 
 // ---- project_windowed_k3: launch k3 of project_windowed: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t3, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1390,29 +1470,32 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1420,28 +1503,28 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[i * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1449,17 +1532,17 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -1467,62 +1550,68 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wk[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_windowed_k4: launch k4 of project_windowed: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k4(
     const float* __restrict__ t3, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ k, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1542,7 +1631,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k4(
 }
 
 // ---- project_windowed_k5: launch k5 of project_windowed: the library's gemm
-// grid [pid_n < ceil(128/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t6, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1550,29 +1639,32 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1580,28 +1672,28 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[i * 128 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1609,17 +1701,17 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -1627,61 +1719,67 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wv[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- project_windowed_k6: launch k6 of project_windowed: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) project_windowed_k6(
     const float* __restrict__ t6, float* __restrict__ v, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1702,7 +1800,8 @@ extern "C" __global__ void __launch_bounds__(512) project_windowed_k7(float* __r
     const long long S, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
-  constexpr int THREADS = 512;
+  constexpr int BM = 1;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1711,14 +1810,14 @@ extern "C" __global__ void __launch_bounds__(512) project_windowed_k7(float* __r
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
 }
 
@@ -1734,13 +1833,13 @@ extern "C" __global__ void __launch_bounds__(512) project_windowed_k8(
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
-// grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 256 threads per program
+// grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k0(const float* __restrict__ o,
     float* __restrict__ t0, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
@@ -1754,7 +1853,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k0(const float* __restr
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restrict__ t0,
     const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
     const long long B, const long long T) {
@@ -1763,29 +1862,32 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t0_aligned = tsr_aligned16(t0);
   const bool wo_aligned = tsr_aligned16(wo);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1793,28 +1895,28 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wo[i * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1822,17 +1924,17 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t0_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -1840,49 +1942,55 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + BK + i) * 256 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wo + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wo[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decode.tsr:52: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
     }
@@ -1890,14 +1998,14 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 256 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restrict__ x_1,
     const float* __restrict__ norm_1, float* __restrict__ h, const long long B,
     const long long T) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -1939,7 +2047,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
-// grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restrict__ h,
     const float* __restrict__ wg, float* __restrict__ t4, const long long B, const long long T) {
   const int lid = (int)threadIdx.x;
@@ -1947,29 +2055,32 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wg_aligned = tsr_aligned16(wg);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -1977,28 +2088,28 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wg[i * 512 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -2006,17 +2117,17 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -2024,49 +2135,55 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + BK + i) * 512 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wg + (BK*kb + BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wg[(BK*kb + BK + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
@@ -2074,7 +2191,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
-// grid [pid_n < ceil(512/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restrict__ h,
     const float* __restrict__ wu, const float* __restrict__ t4, float* __restrict__ t6,
     const long long B, const long long T) {
@@ -2083,29 +2200,32 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h);
   const bool wu_aligned = tsr_aligned16(wu);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
         }
       }
@@ -2113,28 +2233,28 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 256) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wu[i * 512 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -2142,17 +2262,17 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -2160,49 +2280,55 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 256) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + BK + i) * 512 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wu + (BK*kb + BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wu[(BK*kb + BK + i) * 512 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
     }
@@ -2210,7 +2336,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
-// grid [pid_n < ceil(256/128), pid_m < ceil(T/128), pid_b0 < B], 256 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restrict__ t6,
     const float* __restrict__ wd, const float* __restrict__ x_1, float* __restrict__ out,
     const long long B, const long long T) {
@@ -2219,29 +2345,32 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t6_aligned = tsr_aligned16(t6);
   const bool wd_aligned = tsr_aligned16(wd);
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < 512) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
         }
       }
@@ -2249,28 +2378,28 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < 512) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wd[i * 256 + BN*pid_n + j + q];
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -2278,17 +2407,17 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < 512) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t6_aligned) {
-          const int bytes = BM*pid_m + i < T ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j + q] : 0;
           }
         }
@@ -2296,49 +2425,55 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < 512) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + BK + i) * 256 + BN*pid_n + j, 16);
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              wd + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 wd[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
           }
         }
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK; kk += 2) {
+    for (int kk = 0; kk < BK; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
     }

@@ -41,6 +41,14 @@
 // read and written with vload_half / vstore_half_rte, which need no extension).
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- math
 
 inline float tsr_relu(float x) { return fmax(x, 0.0f); }
@@ -48,6 +56,10 @@ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
 inline float tsr_silu(float x) { return x / (1.0f + exp(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -82,14 +94,14 @@ inline float tsr_group_sum(__local float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- qkv_k0: launch k0 of qkv: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void qkv_k0(__global const float* restrict x, __global const float* restrict norm_1,
     __global float* restrict h, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
@@ -127,7 +139,7 @@ void qkv_k0(__global const float* restrict x, __global const float* restrict nor
 }
 
 // ---- qkv_k1: launch k1 of qkv: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void qkv_k1(__global const float* restrict h, __global const float* restrict wq,
     __global float* restrict t0, const long B, const long T) {
@@ -136,19 +148,22 @@ void qkv_k1(__global const float* restrict h, __global const float* restrict wq,
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -157,30 +172,30 @@ void qkv_k1(__global const float* restrict h, __global const float* restrict wq,
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
@@ -188,20 +203,20 @@ void qkv_k1(__global const float* restrict h, __global const float* restrict wq,
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -209,7 +224,7 @@ void qkv_k1(__global const float* restrict h, __global const float* restrict wq,
 }
 
 // ---- qkv_k2: launch k2 of qkv: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void qkv_k2(__global const float* restrict t0, __global const float* restrict cos_1,
     __global const float* restrict sin_1, __global float* restrict out0, const long B,
@@ -217,7 +232,7 @@ void qkv_k2(__global const float* restrict t0, __global const float* restrict co
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -237,7 +252,7 @@ void qkv_k2(__global const float* restrict t0, __global const float* restrict co
 }
 
 // ---- qkv_k3: launch k3 of qkv: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void qkv_k3(__global const float* restrict h, __global const float* restrict wk,
     __global float* restrict t3, const long B, const long T) {
@@ -246,19 +261,22 @@ void qkv_k3(__global const float* restrict h, __global const float* restrict wk,
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -267,30 +285,30 @@ void qkv_k3(__global const float* restrict h, __global const float* restrict wk,
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -298,20 +316,20 @@ void qkv_k3(__global const float* restrict h, __global const float* restrict wk,
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -319,7 +337,7 @@ void qkv_k3(__global const float* restrict h, __global const float* restrict wk,
 }
 
 // ---- qkv_k4: launch k4 of qkv: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void qkv_k4(__global const float* restrict t3, __global const float* restrict cos_1,
     __global const float* restrict sin_1, __global float* restrict out1, const long B,
@@ -327,7 +345,7 @@ void qkv_k4(__global const float* restrict t3, __global const float* restrict co
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -347,7 +365,7 @@ void qkv_k4(__global const float* restrict t3, __global const float* restrict co
 }
 
 // ---- qkv_k5: launch k5 of qkv: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void qkv_k5(__global const float* restrict h, __global const float* restrict wv,
     __global float* restrict t6, const long B, const long T) {
@@ -356,19 +374,22 @@ void qkv_k5(__global const float* restrict h, __global const float* restrict wv,
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -377,30 +398,30 @@ void qkv_k5(__global const float* restrict h, __global const float* restrict wv,
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -408,20 +429,20 @@ void qkv_k5(__global const float* restrict h, __global const float* restrict wv,
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -429,14 +450,14 @@ void qkv_k5(__global const float* restrict h, __global const float* restrict wv,
 }
 
 // ---- qkv_k6: launch k6 of qkv: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void qkv_k6(__global const float* restrict t6, __global float* restrict out2, const long B,
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -450,14 +471,14 @@ void qkv_k6(__global const float* restrict t6, __global float* restrict out2, co
 }
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k0(__global const float* restrict x, __global const float* restrict norm_1,
     __global float* restrict h, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
@@ -495,7 +516,7 @@ void project_k0(__global const float* restrict x, __global const float* restrict
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k1(__global const float* restrict h, __global const float* restrict wq,
     __global float* restrict t0, const long B, const long T) {
@@ -504,19 +525,22 @@ void project_k1(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -525,30 +549,30 @@ void project_k1(__global const float* restrict h, __global const float* restrict
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
@@ -556,20 +580,20 @@ void project_k1(__global const float* restrict h, __global const float* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -577,7 +601,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k2(__global const float* restrict t0, __global const float* restrict cos_1,
     __global const float* restrict sin_1, __global float* restrict out, const long B,
@@ -585,7 +609,7 @@ void project_k2(__global const float* restrict t0, __global const float* restric
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -605,7 +629,7 @@ void project_k2(__global const float* restrict t0, __global const float* restric
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k3(__global const float* restrict h, __global const float* restrict wk,
     __global float* restrict t3, const long B, const long T) {
@@ -614,19 +638,22 @@ void project_k3(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -635,30 +662,30 @@ void project_k3(__global const float* restrict h, __global const float* restrict
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -666,20 +693,20 @@ void project_k3(__global const float* restrict h, __global const float* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -687,14 +714,14 @@ void project_k3(__global const float* restrict h, __global const float* restrict
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k4(__global const float* restrict t3, __global const float* restrict cos_1,
     __global const float* restrict sin_1, __global float* restrict k, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -714,7 +741,7 @@ void project_k4(__global const float* restrict t3, __global const float* restric
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k5(__global const float* restrict h, __global const float* restrict wv,
     __global float* restrict t6, const long B, const long T) {
@@ -723,19 +750,22 @@ void project_k5(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -744,30 +774,30 @@ void project_k5(__global const float* restrict h, __global const float* restrict
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -775,20 +805,20 @@ void project_k5(__global const float* restrict h, __global const float* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -796,14 +826,14 @@ void project_k5(__global const float* restrict h, __global const float* restrict
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_k6(__global const float* restrict t6, __global float* restrict v, const long B,
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -824,7 +854,8 @@ void project_k7(__global float* restrict cache_k, __global float* restrict cache
     __global const float* restrict v, const long B, const long S, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  enum { THREADS = 256 };
+  enum { BM = 1 };
+  enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -833,14 +864,14 @@ void project_k7(__global float* restrict cache_k, __global float* restrict cache
   for (long e = lid; e < 64; e += THREADS) {
     const long i = e / 64;
     const long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
   for (long e = lid; e < 64; e += THREADS) {
     const long i = e / 64;
     const long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
 }
 
@@ -856,14 +887,14 @@ void project_k8(__global long* restrict cache_lengths, const long B, const long 
 }
 
 // ---- project_windowed_k0: launch k0 of project_windowed: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_windowed_k0(__global const float* restrict x, __global const float* restrict norm_1,
     __global float* restrict h, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
@@ -901,7 +932,7 @@ void project_windowed_k0(__global const float* restrict x, __global const float*
 }
 
 // ---- project_windowed_k1: launch k1 of project_windowed: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_windowed_k1(__global const float* restrict h, __global const float* restrict wq,
     __global float* restrict t0, const long B, const long T) {
@@ -910,19 +941,22 @@ void project_windowed_k1(__global const float* restrict h, __global const float*
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -931,30 +965,30 @@ void project_windowed_k1(__global const float* restrict h, __global const float*
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
@@ -962,20 +996,20 @@ void project_windowed_k1(__global const float* restrict h, __global const float*
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -983,7 +1017,7 @@ void project_windowed_k1(__global const float* restrict h, __global const float*
 }
 
 // ---- project_windowed_k2: launch k2 of project_windowed: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_windowed_k2(__global const float* restrict t0, __global const float* restrict cos_1,
     __global const float* restrict sin_1, __global float* restrict out, const long B,
@@ -991,7 +1025,7 @@ void project_windowed_k2(__global const float* restrict t0, __global const float
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -1011,7 +1045,7 @@ void project_windowed_k2(__global const float* restrict t0, __global const float
 }
 
 // ---- project_windowed_k3: launch k3 of project_windowed: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_windowed_k3(__global const float* restrict h, __global const float* restrict wk,
     __global float* restrict t3, const long B, const long T) {
@@ -1020,19 +1054,22 @@ void project_windowed_k3(__global const float* restrict h, __global const float*
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1041,30 +1078,30 @@ void project_windowed_k3(__global const float* restrict h, __global const float*
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -1072,20 +1109,20 @@ void project_windowed_k3(__global const float* restrict h, __global const float*
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -1093,14 +1130,14 @@ void project_windowed_k3(__global const float* restrict h, __global const float*
 }
 
 // ---- project_windowed_k4: launch k4 of project_windowed: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_windowed_k4(__global const float* restrict t3, __global const float* restrict cos_1,
     __global const float* restrict sin_1, __global float* restrict k, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -1120,7 +1157,7 @@ void project_windowed_k4(__global const float* restrict t3, __global const float
 }
 
 // ---- project_windowed_k5: launch k5 of project_windowed: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_windowed_k5(__global const float* restrict h, __global const float* restrict wv,
     __global float* restrict t6, const long B, const long T) {
@@ -1129,19 +1166,22 @@ void project_windowed_k5(__global const float* restrict h, __global const float*
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1150,30 +1190,30 @@ void project_windowed_k5(__global const float* restrict h, __global const float*
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -1181,20 +1221,20 @@ void project_windowed_k5(__global const float* restrict h, __global const float*
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -1202,14 +1242,14 @@ void project_windowed_k5(__global const float* restrict h, __global const float*
 }
 
 // ---- project_windowed_k6: launch k6 of project_windowed: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void project_windowed_k6(__global const float* restrict t6, __global float* restrict v,
     const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -1230,7 +1270,8 @@ void project_windowed_k7(__global float* restrict cache_k, __global float* restr
     __global const float* restrict v, const long B, const long S, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
-  enum { THREADS = 256 };
+  enum { BM = 1 };
+  enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -1239,14 +1280,14 @@ void project_windowed_k7(__global float* restrict cache_k, __global float* restr
   for (long e = lid; e < 64; e += THREADS) {
     const long i = e / 64;
     const long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
   for (long e = lid; e < 64; e += THREADS) {
     const long i = e / 64;
     const long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
 }
 
@@ -1262,14 +1303,14 @@ void project_windowed_k8(__global long* restrict cache_lengths, const long B, co
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
-// grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 128 threads per program
+// grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k0(__global const float* restrict o, __global float* restrict t0, const long B,
     const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
@@ -1283,7 +1324,7 @@ void finish_k0(__global const float* restrict o, __global float* restrict t0, co
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k1(__global const float* restrict t0, __global const float* restrict wo,
     __global const float* restrict x, __global float* restrict x_1, const long B, const long T) {
@@ -1292,19 +1333,22 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t0_aligned = tsr_aligned16(t0);
   const bool wo_aligned = tsr_aligned16(wo);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1313,30 +1357,30 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK*kb + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wo[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
@@ -1344,21 +1388,21 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:52: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
@@ -1367,14 +1411,14 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k2(__global const float* restrict x_1, __global const float* restrict norm_1,
     __global float* restrict h, const long B, const long T) {
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
@@ -1412,7 +1456,7 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
-// grid [pid_n < ceil(512/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k3(__global const float* restrict h, __global const float* restrict wg,
     __global float* restrict t4, const long B, const long T) {
@@ -1421,19 +1465,22 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wg_aligned = tsr_aligned16(wg);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1442,30 +1489,30 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK*kb + i) * 512 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wg[(BK*kb + i) * 512 + BN*pid_n + j + q];
         }
       }
@@ -1473,21 +1520,21 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
@@ -1496,7 +1543,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
-// grid [pid_n < ceil(512/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k4(__global const float* restrict h, __global const float* restrict wu,
     __global const float* restrict t4, __global float* restrict t6, const long B, const long T) {
@@ -1505,19 +1552,22 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wu_aligned = tsr_aligned16(wu);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1526,30 +1576,30 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
   for (long kb = 0; kb * BK < 256; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK*kb + i) * 512 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wu[(BK*kb + i) * 512 + BN*pid_n + j + q];
         }
       }
@@ -1557,21 +1607,21 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
@@ -1580,7 +1630,7 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void finish_k5(__global const float* restrict t6, __global const float* restrict wd,
     __global const float* restrict x_1, __global float* restrict out, const long B, const long T) {
@@ -1589,19 +1639,22 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t6_aligned = tsr_aligned16(t6);
   const bool wd_aligned = tsr_aligned16(wd);
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   const long pid_b0 = get_group_id(2);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1610,30 +1663,30 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
   for (long kb = 0; kb * BK < 512; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK*kb + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wd[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
@@ -1641,21 +1694,21 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);

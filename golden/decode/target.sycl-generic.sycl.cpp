@@ -43,6 +43,14 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- math
 
 inline float tsr_relu(float x) { return sycl::fmax(x, 0.0f); }
@@ -50,6 +58,10 @@ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + sycl::exp(-x)); }
 inline float tsr_silu(float x) { return x / (1.0f + sycl::exp(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -85,14 +97,14 @@ inline float tsr_group_sum(const sycl::nd_item<3>& it, float* scratch, float val
 // end of the Tessera tile primitives
 
 // ---- qkv_k0: launch k0 of qkv: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void qkv_k0(const float* __restrict__ x, const float* __restrict__ norm_1,
     float* __restrict__ h, const long long B, const long long T, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
@@ -129,7 +141,7 @@ inline void qkv_k0(const float* __restrict__ x, const float* __restrict__ norm_1
 }
 
 // ---- qkv_k1: launch k1 of qkv: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
     float* __restrict__ t0, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -138,18 +150,21 @@ inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -158,30 +173,30 @@ inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
@@ -189,20 +204,20 @@ inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -210,14 +225,14 @@ inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
 }
 
 // ---- qkv_k2: launch k2 of qkv: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 inline void qkv_k2(const float* __restrict__ t0, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ out0, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -237,7 +252,7 @@ inline void qkv_k2(const float* __restrict__ t0, const float* __restrict__ cos_1
 }
 
 // ---- qkv_k3: launch k3 of qkv: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
     float* __restrict__ t3, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -246,18 +261,21 @@ inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -266,30 +284,30 @@ inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -297,20 +315,20 @@ inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -318,14 +336,14 @@ inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
 }
 
 // ---- qkv_k4: launch k4 of qkv: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void qkv_k4(const float* __restrict__ t3, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ out1, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -345,7 +363,7 @@ inline void qkv_k4(const float* __restrict__ t3, const float* __restrict__ cos_1
 }
 
 // ---- qkv_k5: launch k5 of qkv: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
     float* __restrict__ t6, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -354,18 +372,21 @@ inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -374,30 +395,30 @@ inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -405,20 +426,20 @@ inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -426,13 +447,13 @@ inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
 }
 
 // ---- qkv_k6: launch k6 of qkv: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void qkv_k6(const float* __restrict__ t6, float* __restrict__ out2, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -446,14 +467,14 @@ inline void qkv_k6(const float* __restrict__ t6, float* __restrict__ out2, const
 }
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_k0(const float* __restrict__ x, const float* __restrict__ norm_1,
     float* __restrict__ h, const long long B, const long long T, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
@@ -490,7 +511,7 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq,
     float* __restrict__ t0, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -499,18 +520,21 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -519,30 +543,30 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
@@ -550,20 +574,20 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -571,14 +595,14 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
 }
 
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 inline void project_k2(const float* __restrict__ t0, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ out, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -598,7 +622,7 @@ inline void project_k2(const float* __restrict__ t0, const float* __restrict__ c
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk,
     float* __restrict__ t3, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -607,18 +631,21 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -627,30 +654,30 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -658,20 +685,20 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -679,14 +706,14 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
 }
 
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void project_k4(const float* __restrict__ t3, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ k, const long long B, const long long T,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -706,7 +733,7 @@ inline void project_k4(const float* __restrict__ t3, const float* __restrict__ c
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv,
     float* __restrict__ t6, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -715,18 +742,21 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -735,30 +765,30 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -766,20 +796,20 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -787,13 +817,13 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
 }
 
 // ---- project_k6: launch k6 of project: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void project_k6(const float* __restrict__ t6, float* __restrict__ v, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -814,7 +844,8 @@ inline void project_k7(float* __restrict__ cache_k, float* __restrict__ cache_v,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
-  constexpr int THREADS = 256;
+  constexpr int BM = 1;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -823,14 +854,14 @@ inline void project_k7(float* __restrict__ cache_k, float* __restrict__ cache_v,
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
 }
 
@@ -846,14 +877,14 @@ inline void project_k8(long long* __restrict__ cache_lengths, const long long B,
 }
 
 // ---- project_windowed_k0: launch k0 of project_windowed: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_windowed_k0(const float* __restrict__ x, const float* __restrict__ norm_1,
     float* __restrict__ h, const long long B, const long long T, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
@@ -890,7 +921,7 @@ inline void project_windowed_k0(const float* __restrict__ x, const float* __rest
 }
 
 // ---- project_windowed_k1: launch k1 of project_windowed: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_windowed_k1(const float* __restrict__ h, const float* __restrict__ wq,
     float* __restrict__ t0, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -899,18 +930,21 @@ inline void project_windowed_k1(const float* __restrict__ h, const float* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wq_aligned = tsr_aligned16(wq);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -919,30 +953,30 @@ inline void project_windowed_k1(const float* __restrict__ h, const float* __rest
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
@@ -950,20 +984,20 @@ inline void project_windowed_k1(const float* __restrict__ h, const float* __rest
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
     }
@@ -971,14 +1005,14 @@ inline void project_windowed_k1(const float* __restrict__ h, const float* __rest
 }
 
 // ---- project_windowed_k2: launch k2 of project_windowed: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 4], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 inline void project_windowed_k2(const float* __restrict__ t0, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ out, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -998,7 +1032,7 @@ inline void project_windowed_k2(const float* __restrict__ t0, const float* __res
 }
 
 // ---- project_windowed_k3: launch k3 of project_windowed: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_windowed_k3(const float* __restrict__ h, const float* __restrict__ wk,
     float* __restrict__ t3, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -1007,18 +1041,21 @@ inline void project_windowed_k3(const float* __restrict__ h, const float* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wk_aligned = tsr_aligned16(wk);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1027,30 +1064,30 @@ inline void project_windowed_k3(const float* __restrict__ h, const float* __rest
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -1058,20 +1095,20 @@ inline void project_windowed_k3(const float* __restrict__ h, const float* __rest
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -1079,14 +1116,14 @@ inline void project_windowed_k3(const float* __restrict__ h, const float* __rest
 }
 
 // ---- project_windowed_k4: launch k4 of project_windowed: the library's rotary_embedding
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void project_windowed_k4(const float* __restrict__ t3, const float* __restrict__ cos_1,
     const float* __restrict__ sin_1, float* __restrict__ k, const long long B, const long long T,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -1106,7 +1143,7 @@ inline void project_windowed_k4(const float* __restrict__ t3, const float* __res
 }
 
 // ---- project_windowed_k5: launch k5 of project_windowed: the library's gemm
-// grid [pid_n < ceil(128/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(128/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void project_windowed_k5(const float* __restrict__ h, const float* __restrict__ wv,
     float* __restrict__ t6, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -1115,18 +1152,21 @@ inline void project_windowed_k5(const float* __restrict__ h, const float* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wv_aligned = tsr_aligned16(wv);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1135,30 +1175,30 @@ inline void project_windowed_k5(const float* __restrict__ h, const float* __rest
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
         }
       }
@@ -1166,20 +1206,20 @@ inline void project_windowed_k5(const float* __restrict__ h, const float* __rest
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
     }
@@ -1187,13 +1227,13 @@ inline void project_windowed_k5(const float* __restrict__ h, const float* __rest
 }
 
 // ---- project_windowed_k6: launch k6 of project_windowed: the library's elementwise
-// grid [pid_m < ceil(T/4), pid_b0 < B, pid_b1 < 2], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void project_windowed_k6(const float* __restrict__ t6, float* __restrict__ v,
     const long long B, const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -1214,7 +1254,8 @@ inline void project_windowed_k7(float* __restrict__ cache_k, float* __restrict__
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
-  constexpr int THREADS = 256;
+  constexpr int BM = 1;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -1223,14 +1264,14 @@ inline void project_windowed_k7(float* __restrict__ cache_k, float* __restrict__
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
   for (long long e = lid; e < 64; e += THREADS) {
     const long long i = e / 64;
     const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + pid_m + i) * 64 + j]);
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
   }
 }
 
@@ -1246,13 +1287,13 @@ inline void project_windowed_k8(long long* __restrict__ cache_lengths, const lon
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
-// grid [pid_m < ceil(4/4), pid_b0 < B, pid_b1 < T], 128 threads per program
+// grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 128 threads per program
 inline void finish_k0(const float* __restrict__ o, float* __restrict__ t0, const long long B,
     const long long T, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
@@ -1266,7 +1307,7 @@ inline void finish_k0(const float* __restrict__ o, float* __restrict__ t0, const
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo,
     const float* __restrict__ x, float* __restrict__ x_1, const long long B, const long long T,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -1275,18 +1316,21 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t0_aligned = tsr_aligned16(t0);
   const bool wo_aligned = tsr_aligned16(wo);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1295,30 +1339,30 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK*kb + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wo + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wo[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
@@ -1326,21 +1370,21 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:52: x = x + transpose(o, (0, 2, 1, 3)).reshape("B", "T", 256) @ wo
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
@@ -1349,14 +1393,14 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
 }
 
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
-// grid [pid_m < ceil(T/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ norm_1,
     float* __restrict__ h, const long long B, const long long T, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-05f;
@@ -1393,7 +1437,7 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
-// grid [pid_n < ceil(512/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
     float* __restrict__ t4, const long long B, const long long T, const sycl::nd_item<3>& it,
     unsigned char* tsr_smem) {
@@ -1402,18 +1446,21 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wg_aligned = tsr_aligned16(wg);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1422,30 +1469,30 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK*kb + i) * 512 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wg + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wg[(BK*kb + i) * 512 + BN*pid_n + j + q];
         }
       }
@@ -1453,21 +1500,21 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           (tsr_silu(acc[t]));
@@ -1476,7 +1523,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
 }
 
 // ---- finish_k4: launch k4 of finish: the library's gemm
-// grid [pid_n < ceil(512/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
     const float* __restrict__ t4, float* __restrict__ t6, const long long B, const long long T,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -1485,18 +1532,21 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h);
   const bool wu_aligned = tsr_aligned16(wu);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1505,30 +1555,30 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
   for (long long kb = 0; kb * BK < 256; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK*kb + i) * 512 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wu + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wu[(BK*kb + i) * 512 + BN*pid_n + j + q];
         }
       }
@@ -1536,21 +1586,21 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
           ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
@@ -1559,7 +1609,7 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
-// grid [pid_n < ceil(256/64), pid_m < ceil(T/64), pid_b0 < B], 128 threads per program
+// grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd,
     const float* __restrict__ x_1, float* __restrict__ out, const long long B, const long long T,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -1568,18 +1618,21 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t6_aligned = tsr_aligned16(t6);
   const bool wd_aligned = tsr_aligned16(wd);
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   const long long pid_b0 = it.get_group(0);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1588,30 +1641,30 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
   for (long long kb = 0; kb * BK < 512; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < T ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK*kb + i) * 256 + BN*pid_n + j, 16);
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            wd + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               wd[(BK*kb + i) * 256 + BN*pid_n + j + q];
         }
       }
@@ -1619,21 +1672,21 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decode.tsr:54: return x + (silu(h @ wg) * (h @ wu)) @ wd
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
           ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);

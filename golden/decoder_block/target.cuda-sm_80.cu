@@ -27,6 +27,12 @@
 __device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
 __device__ inline float tsr_nan() { return __int_as_float(0x7fc00000); }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -34,6 +40,10 @@ __device__ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); 
 __device__ inline float tsr_silu(float x) { return x / (1.0f + expf(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -87,12 +97,12 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
-// grid [pid_m < ceil(S/4)], 128 threads per program
+// grid [pid_m < ceil(S/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* __restrict__ x,
     const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -134,35 +144,39 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k0(const float* 
 }
 
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wq_aligned = tsr_aligned16(wq) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -170,17 +184,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wq + (i * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wq[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -188,45 +202,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && BK + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && BK + j + q < C ? h[(BM*pid_m + i) * C + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wq + ((16 + i) * C + BN*pid_n + j) : wq, bytes);
+        const int bytes = BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wq + ((BK + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16 + i < C && BN*pid_n + j + q < C ? wq[(16 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < C && BN*pid_n + j + q < C ? wq[(BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -236,41 +250,41 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 2*BK + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 32 + j + q < C
-                ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 2*BK + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? wq + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wq, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wq + ((BK*kb + 2*BK + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 32 + i < C && BN*pid_n + j + q < C
-                ? wq[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 2*BK + i < C && BN*pid_n + j + q < C
+                ? wq[(BK*kb + 2*BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -278,22 +292,22 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
@@ -301,35 +315,39 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
 }
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wk_aligned = tsr_aligned16(wk) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -337,17 +355,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wk + (i * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wk[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -355,45 +373,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && BK + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && BK + j + q < C ? h[(BM*pid_m + i) * C + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wk + ((16 + i) * C + BN*pid_n + j) : wk, bytes);
+        const int bytes = BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wk + ((BK + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16 + i < C && BN*pid_n + j + q < C ? wk[(16 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < C && BN*pid_n + j + q < C ? wk[(BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -403,41 +421,41 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 2*BK + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 32 + j + q < C
-                ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 2*BK + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? wk + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wk, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wk + ((BK*kb + 2*BK + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 32 + i < C && BN*pid_n + j + q < C
-                ? wk[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 2*BK + i < C && BN*pid_n + j + q < C
+                ? wk[(BK*kb + 2*BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -445,22 +463,22 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
@@ -468,35 +486,39 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
 }
 
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wv_aligned = tsr_aligned16(wv) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -504,17 +526,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wv + (i * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wv[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -522,45 +544,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((BM*pid_m + i) * C + 16 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < S && BK + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h + ((BM*pid_m + i) * C + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < S && 16 + j + q < C ? h[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && BK + j + q < C ? h[(BM*pid_m + i) * C + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wv + ((16 + i) * C + BN*pid_n + j) : wv, bytes);
+        const int bytes = BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wv + ((BK + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16 + i < C && BN*pid_n + j + q < C ? wv[(16 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < C && BN*pid_n + j + q < C ? wv[(BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -570,41 +592,41 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 2*BK + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h + ((BM*pid_m + i) * C + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 32 + j + q < C
-                ? h[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 2*BK + j + q < C
+                ? h[(BM*pid_m + i) * C + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? wv + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wv, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wv + ((BK*kb + 2*BK + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 32 + i < C && BN*pid_n + j + q < C
-                ? wv[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 2*BK + i < C && BN*pid_n + j + q < C
+                ? wv[(BK*kb + 2*BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -612,22 +634,22 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
@@ -635,7 +657,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
 }
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
-// grid [pid_m < ceil(S/128), pid_b0 < C/64], 256 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < C/64], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* __restrict__ t0,
     const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6,
     const long long S, const long long C) {
@@ -643,87 +665,91 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
   constexpr int BM = 128;
   constexpr int BN = 64;
   constexpr int BD = 64;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 98304 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 98304 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 32768);
   float* const v_tile_smem = (float*)(tsr_smem + 65536);
   const bool t0_aligned = tsr_aligned16(t0) && C % 4 == 0;
   const bool t2_aligned = tsr_aligned16(t2) && C % 4 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
-  __shared__ float tsr_rows[2048];
+  const int tx = lid % TX, ty = lid / TX;
+  __shared__ float tsr_rows[RM*THREADS];
   __shared__ float p_stage[8320];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 2048; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BM*BD / 4; e += THREADS) {
+    const int i = e / (BD / 4);
+    const int j = e % (BD / 4) * 4;
     if (t0_aligned) {
-      const int bytes = BM*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      const int bytes = BM*pid_m + i < S ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((BM*pid_m + i) * C + BD*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + BD*pid_b0 + j + q] : 0;
       }
     }
   }
   // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BN*BD / 4; e += THREADS) {
+      const int i = e / (BD / 4);
+      const int j = e % (BD / 4) * 4;
       if (t2_aligned) {
-        const int bytes = i < S ? 16 : 0;
-        tsr_copy_async16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t2 + (i * C + 64*pid_b0 + j) : t2, bytes);
+        const int bytes = i < S ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + (i * C + BD*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < S ? t2[i * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < S ? t2[i * C + BD*pid_b0 + j + q] : 0;
         }
       }
     }
   }
   // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
   if (0 < S) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BN*BD / 4; e += THREADS) {
+      const int i = e / (BD / 4);
+      const int j = e % (BD / 4) * 4;
       if (t4_aligned) {
-        const int bytes = i < S ? 16 : 0;
-        tsr_copy_async16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t4 + (i * C + 64*pid_b0 + j) : t4, bytes);
+        const int bytes = i < S ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + (i * C + BD*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < S ? t4[i * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              i < S ? t4[i * C + BD*pid_b0 + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BD / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
     }
   }
-  float m[8];
-  for (int r = 0; r < 8; ++r) {
+  float m[RM];
+  for (int r = 0; r < RM; ++r) {
     m[r] = -tsr_infinity();
   }
-  float l[8];
-  for (int r = 0; r < 8; ++r) {
+  float l[RM];
+  for (int r = 0; r < RM; ++r) {
     l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
@@ -731,116 +757,117 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 4;
+      for (int e = lid; e < BN*BD / 4; e += THREADS) {
+        const int i = e / (BD / 4);
+        const int j = e % (BD / 4) * 4;
         if (t2_aligned) {
-          const int bytes = BN*nblk + BN + i < S ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(k_tile_smem
-              + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t2 + ((BN*nblk + BN + i) * C + 64*pid_b0 + j) : t2, bytes);
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t2 + ((BN*nblk + BN + i) * C + BD*pid_b0 + j) : t2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            k_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4
+            k_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 4 ^ i % 8) * 4
                 + (j + q) % 4] = BN*nblk + BN + i < S
-                ? t2[(BN*nblk + BN + i) * C + 64*pid_b0 + j + q] : 0;
+                ? t2[(BN*nblk + BN + i) * C + BD*pid_b0 + j + q] : 0;
           }
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
     if (BN*nblk + BN < S) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 4;
+      for (int e = lid; e < BN*BD / 4; e += THREADS) {
+        const int i = e / (BD / 4);
+        const int j = e % (BD / 4) * 4;
         if (t4_aligned) {
-          const int bytes = BN*nblk + BN + i < S ? 16 : 0;
+          const int bytes = BN*nblk + BN + i < S ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(v_tile_smem
-              + (((nblk + 1) % 2 * 64 + i) * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t4 + ((BN*nblk + BN + i) * C + 64*pid_b0 + j) : t4, bytes);
+              + (((nblk + 1) % 2 * BN + i) * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t4 + ((BN*nblk + BN + i) * C + BD*pid_b0 + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            v_tile_smem[((nblk + 1) % 2 * 64 + i) * 64 + ((j + q) / 4 ^ i % 8) * 4
+            v_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 4 ^ i % 8) * 4
                 + (j + q) % 4] = BN*nblk + BN + i < S
-                ? t4[(BN*nblk + BN + i) * C + 64*pid_b0 + j + q] : 0;
+                ? t4[(BN*nblk + BN + i) * C + BD*pid_b0 + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    float dot[32];
-    for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = q_tile_smem[(ty + r * 16) * 64 + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = q_tile_smem[(ty + r * TY) * BD + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = k_tile_smem[((nblk) % 2 * 64 + tx + c * 16) * 64
-          + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = k_tile_smem[((nblk) % 2 * BN + tx + c * TX) * BD
+          + (kk / 4 ^ (tx + c * TX) % 8) * 4 + kk % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) dot[r * 4 + c] = fmaf(a_k[r], b_k[c], dot[r * 4 + c]);
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
-    float p[32];
+    float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) {
           const int t = r * 4 + c;
           p[t] = dot[t] * scale;
         }
       }
     } else {
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) {
-          const int j = tx + c * 16;
+          const int j = tx + c * TX;
           const int t = r * 4 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
         }
       }
     }
-    float m_c[8];
-    for (int r = 0; r < 8; ++r) {
+    float m_c[RM];
+    for (int r = 0; r < RM; ++r) {
       float part = -tsr_infinity();
       for (int c = 0; c < 4; ++c) part = fmaxf(part, p[r * 4 + c]);
       m_c[r] = part;
     }
-    for (int r = 0; r < 8; ++r) tsr_rows[r * 256 + lid] = m_c[r];
+    for (int r = 0; r < RM; ++r) tsr_rows[r * THREADS + lid] = m_c[r];
     __syncthreads();
-    for (int r = 0; r < 8; ++r) {
-      float part = tsr_rows[r * 256 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer) part = fmaxf(part, tsr_rows[r * 256 + ty * 16 + peer]);
+    for (int r = 0; r < RM; ++r) {
+      float part = tsr_rows[r * THREADS + ty * TX];
+      for (int peer = 1; peer < TX; ++peer)
+          part = fmaxf(part, tsr_rows[r * THREADS + ty * TX + peer]);
       m_c[r] = part;
     }
     __syncthreads();
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 4; ++c) {
         const int t = r * 4 + c;
         p[t] = exp2f((p[t] - (m_c[r] == -tsr_infinity() ? 0.0f : m_c[r])) * 1.4426950408889634f);
       }
     }
-    float l_c[8];
-    for (int r = 0; r < 8; ++r) {
+    float l_c[RM];
+    for (int r = 0; r < RM; ++r) {
       float part = 0.0f;
       for (int c = 0; c < 4; ++c) part = part + p[r * 4 + c];
       l_c[r] = part;
     }
-    for (int r = 0; r < 8; ++r) tsr_rows[r * 256 + lid] = l_c[r];
+    for (int r = 0; r < RM; ++r) tsr_rows[r * THREADS + lid] = l_c[r];
     __syncthreads();
-    for (int r = 0; r < 8; ++r) {
-      float part = tsr_rows[r * 256 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer) part = part + tsr_rows[r * 256 + ty * 16 + peer];
+    for (int r = 0; r < RM; ++r) {
+      float part = tsr_rows[r * THREADS + ty * TX];
+      for (int peer = 1; peer < TX; ++peer) part = part + tsr_rows[r * THREADS + ty * TX + peer];
       l_c[r] = part;
     }
     __syncthreads();
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    float alpha[8], beta[8];
+    float alpha[RM], beta[RM];
     #pragma unroll
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < RM; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
@@ -848,46 +875,46 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k4(const float* 
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 4; ++c) {
         const int t = r * 4 + c;
         acc[t] *= alpha[r];
       }
     }
     __syncthreads();
-    for (int r = 0; r < 8; ++r) {
-      const int i = ty + r * 16;
+    for (int r = 0; r < RM; ++r) {
+      const int i = ty + r * TY;
       for (int c = 0; c < 4; ++c) {
-        const int j = tx + c * 16;
+        const int j = tx + c * TX;
         const int t = r * 4 + c;
         p_stage[i * 65 + j] = p[t] * beta[r];
       }
     }
     __syncthreads();
     for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r) a_k[r] = p_stage[(ty + r * 16) * 65 + kk];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r) a_k[r] = p_stage[(ty + r * TY) * 65 + kk];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = v_tile_smem[((nblk) % 2 * 64 + kk) * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = v_tile_smem[((nblk) % 2 * BN + kk) * BD + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fmaf(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // flash_attention.tsr:26: return acc / l[:, None]
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + BD*pid_b0 + j] = (acc[t] / l[r]);
     }
   }
 }
 
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6,
     const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
     const long long S, const long long C) {
@@ -895,28 +922,32 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool t6_aligned = tsr_aligned16(t6) && C % 4 == 0;
   const bool wo_aligned = tsr_aligned16(wo) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -924,17 +955,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wo + (i * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wo[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -942,45 +973,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + ((BM*pid_m + i) * C + 16 + j) : t6, bytes);
+        const int bytes = BM*pid_m + i < S && BK + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t6 + ((BM*pid_m + i) * C + BK + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < S && 16 + j + q < C ? t6[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && BK + j + q < C ? t6[(BM*pid_m + i) * C + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? wo + ((16 + i) * C + BN*pid_n + j) : wo, bytes);
+        const int bytes = BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? wo + ((BK + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16 + i < C && BN*pid_n + j + q < C ? wo[(16 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < C && BN*pid_n + j + q < C ? wo[(BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -990,41 +1021,41 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t6_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 2*BK + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : t6, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + 2*BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 32 + j + q < C
-                ? t6[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 2*BK + j + q < C
+                ? t6[(BM*pid_m + i) * C + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? wo + ((BK*kb + 32 + i) * C + BN*pid_n + j) : wo, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? wo + ((BK*kb + 2*BK + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 32 + i < C && BN*pid_n + j + q < C
-                ? wo[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 2*BK + i < C && BN*pid_n + j + q < C
+                ? wo[(BK*kb + 2*BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1032,23 +1063,23 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
@@ -1058,13 +1089,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
 }
 
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
-// grid [pid_m < ceil(S/4)], 128 threads per program
+// grid [pid_m < ceil(S/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* __restrict__ x_1,
     const float* __restrict__ norm2, float* __restrict__ h_1, const long long S,
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -1107,7 +1138,7 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k6(const float* 
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
-// grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1,
     const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C,
     const long long F) {
@@ -1115,28 +1146,32 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_1_aligned = tsr_aligned16(h_1) && C % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && F % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -1144,17 +1179,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + (i * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < F ? w1[i * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -1162,45 +1197,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && BK + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && BK + j + q < C ? h_1[(BM*pid_m + i) * C + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((16 + i) * F + BN*pid_n + j) : w1, bytes);
+        const int bytes = BK + i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((BK + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16 + i < C && BN*pid_n + j + q < F ? w1[(16 + i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < C && BN*pid_n + j + q < F ? w1[(BK + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1210,41 +1245,41 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 2*BK + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 2*BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 32 + j + q < C
-                ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 2*BK + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w1 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w1, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 2*BK + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 32 + i < C && BN*pid_n + j + q < F
-                ? w1[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 2*BK + i < C && BN*pid_n + j + q < F
+                ? w1[(BK*kb + 2*BK + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1252,23 +1287,23 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
@@ -1277,7 +1312,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
-// grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1,
     const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12,
     const long long S, const long long C, const long long F) {
@@ -1285,28 +1320,32 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool h_1_aligned = tsr_aligned16(h_1) && C % 4 == 0;
   const bool w3_aligned = tsr_aligned16(w3) && F % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -1314,17 +1353,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w3_aligned) {
-        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w3 + (i * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < F ? w3[i * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -1332,45 +1371,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((BM*pid_m + i) * C + 16 + j) : h_1, bytes);
+        const int bytes = BM*pid_m + i < S && BK + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? h_1 + ((BM*pid_m + i) * C + BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < S && 16 + j + q < C ? h_1[(BM*pid_m + i) * C + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && BK + j + q < C ? h_1[(BM*pid_m + i) * C + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w3_aligned) {
-        const int bytes = 16 + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w3 + ((16 + i) * F + BN*pid_n + j) : w3, bytes);
+        const int bytes = BK + i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w3 + ((BK + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16 + i < C && BN*pid_n + j + q < F ? w3[(16 + i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < C && BN*pid_n + j + q < F ? w3[(BK + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1380,41 +1419,41 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 2*BK + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 32 + j) : h_1, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + 2*BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 32 + j + q < C
-                ? h_1[(BM*pid_m + i) * C + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 2*BK + j + q < C
+                ? h_1[(BM*pid_m + i) * C + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < C) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w3_aligned) {
-          const int bytes = BK*kb + 32 + i < C && BN*pid_n + j < F ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w3 + ((BK*kb + 32 + i) * F + BN*pid_n + j) : w3, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w3 + ((BK*kb + 2*BK + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 32 + i < C && BN*pid_n + j + q < F
-                ? w3[(BK*kb + 32 + i) * F + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 2*BK + i < C && BN*pid_n + j + q < F
+                ? w3[(BK*kb + 2*BK + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1422,23 +1461,23 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t12[(BM*pid_m + i) * F + BN*pid_n + j] =
@@ -1448,7 +1487,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
 }
 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12,
     const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out,
     const long long S, const long long F, const long long C) {
@@ -1456,28 +1495,32 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 24576);
   const bool t12_aligned = tsr_aligned16(t12) && F % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t12_aligned) {
-        const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
@@ -1485,17 +1528,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < F && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < F && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -1503,45 +1546,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (16 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+  if (BK < F) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t12_aligned) {
-        const int bytes = BM*pid_m + i < S && 16 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t12 + ((BM*pid_m + i) * F + 16 + j) : t12, bytes);
+        const int bytes = BM*pid_m + i < S && BK + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+            bytes ? t12 + ((BM*pid_m + i) * F + BK + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < S && 16 + j + q < F ? t12[(BM*pid_m + i) * F + 16 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+              BM*pid_m + i < S && BK + j + q < F ? t12[(BM*pid_m + i) * F + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (16 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < F) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = 16 + i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((16 + i) * C + BN*pid_n + j) : w2, bytes);
+        const int bytes = BK + i < F && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((BK + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              16 + i < F && BN*pid_n + j + q < C ? w2[(16 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < F && BN*pid_n + j + q < C ? w2[(BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1551,41 +1594,41 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 32 < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+    if (BK*kb + 2*BK < F) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t12_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + 32 + j < F ? 16 : 0;
+          const int bytes = BM*pid_m + i < S && BK*kb + 2*BK + j < F ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 32 + j) : t12, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
+              bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + 2*BK + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < S && BK*kb + 32 + j + q < F
-                ? t12[(BM*pid_m + i) * F + BK*kb + 32 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+                BM*pid_m + i < S && BK*kb + 2*BK + j + q < F
+                ? t12[(BM*pid_m + i) * F + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 32 < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 2*BK < F) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + 32 + i < F && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < F && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w2 + ((BK*kb + 32 + i) * C + BN*pid_n + j) : w2, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 2*BK + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 32 + i < F && BN*pid_n + j + q < C
-                ? w2[(BK*kb + 32 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 2*BK + i < F && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 2*BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1593,23 +1636,23 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 3 * 128 + ty + r * 16) * 16
-          + (kk / 4 ^ (ty + r * 16) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 3 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 3 * 16 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 3 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           out[(BM*pid_m + i) * C + BN*pid_n + j] =

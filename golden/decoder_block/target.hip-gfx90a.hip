@@ -26,6 +26,16 @@
 __device__ inline float tsr_infinity() { return INFINITY; }
 __device__ inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 64 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 32, TSR_MMA_N = 32, TSR_MMA_REGS = 16, TSR_LANE_ROWS = 16 };
+
 // ---------------------------------------------------------------- math
 
 __device__ inline float tsr_relu(float x) { return fmaxf(x, 0.0f); }
@@ -40,6 +50,10 @@ typedef _Float16 tsr_halfx4 __attribute__((ext_vector_type(4)));
 typedef float tsr_floatx16 __attribute__((ext_vector_type(16)));
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -74,12 +88,12 @@ __device__ inline float tsr_group_sum(float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
-// grid [pid_m < ceil(S/4)], 256 threads per program
+// grid [pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* __restrict__ x,
     const float* __restrict__ norm1, float* __restrict__ h, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -121,35 +135,38 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k0(const float* 
 }
 
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* __restrict__ h,
     const float* __restrict__ wq, float* __restrict__ t0, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wq_aligned = tsr_aligned16(wq) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -157,29 +174,29 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wq + (i * C + BN*pid_n + j) : wq, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wq[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -187,17 +204,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((BM*pid_m + i) * C + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? h[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -206,17 +223,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wq + ((BK*kb + BK + i) * C + BN*pid_n + j) : wq, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < C
                 ? wq[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -224,67 +241,76 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k1(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* __restrict__ h,
     const float* __restrict__ wk, float* __restrict__ t2, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wk_aligned = tsr_aligned16(wk) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -292,29 +318,29 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wk + (i * C + BN*pid_n + j) : wk, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wk[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -322,17 +348,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((BM*pid_m + i) * C + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? h[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -341,17 +367,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wk + ((BK*kb + BK + i) * C + BN*pid_n + j) : wk, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < C
                 ? wk[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -359,67 +385,76 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k2(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* __restrict__ h,
     const float* __restrict__ wv, float* __restrict__ t4, const long long S, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wv_aligned = tsr_aligned16(wv) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -427,29 +462,29 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wv + (i * C + BN*pid_n + j) : wv, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wv[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -457,17 +492,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h + ((BM*pid_m + i) * C + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? h[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -476,17 +511,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wv + ((BK*kb + BK + i) * C + BN*pid_n + j) : wv, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < C
                 ? wv[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -494,39 +529,45 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k3(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
-// grid [pid_m < ceil(S/64), pid_b0 < C/64], 128 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < C/64], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* __restrict__ t0,
     const float* __restrict__ t2, const float* __restrict__ t4, float* __restrict__ t6,
     const long long S, const long long C) {
@@ -534,13 +575,15 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   constexpr int BM = 64;
   constexpr int BN = 32;
   constexpr int BD = 64;
-  constexpr int THREADS = 128;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 2*TSR_WARP_SIZE;
+  constexpr int WARP_M = 32;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const q_tile_smem = (float*)(tsr_smem + 0);
   float* const k_tile_smem = (float*)(tsr_smem + 16384);
   float* const v_tile_smem = (float*)(tsr_smem + 24576);
   const bool t0_aligned = tsr_aligned16(t0) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const bool t2_aligned = tsr_aligned16(t2) && C % 4 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && C % 4 == 0;
   __shared__ float p_stage[2112];
@@ -548,117 +591,119 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BM*BD / 4; e += THREADS) {
+    const int i = e / (BD / 4);
+    const int j = e % (BD / 4) * 4;
     if (t0_aligned) {
-      const int bytes = BM*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      const int bytes = BM*pid_m + i < S ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((BM*pid_m + i) * C + BD*pid_b0 + j) : t0, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + BD*pid_b0 + j + q] : 0;
       }
     }
   }
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[32];
+  float acc[BM*BD / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 2; ++frag) {
+  for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
-  float m[16];
+  float m[TSR_LANE_ROWS];
   #pragma unroll
-  for (int rs = 0; rs < 16; ++rs) {
+  for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
     const int r = rs;
     m[r] = -tsr_infinity();
   }
-  float l[16];
+  float l[TSR_LANE_ROWS];
   #pragma unroll
-  for (int rs = 0; rs < 16; ++rs) {
+  for (int rs = 0; rs < TSR_LANE_ROWS; ++rs) {
     const int r = rs;
     l[r] = 0.0f;
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BN*BD / 4; e += THREADS) {
+      const int i = e / (BD / 4);
+      const int j = e % (BD / 4) * 4;
       if (t2_aligned) {
-        const int bytes = BN*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+        const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + ((BN*nblk + i) * C + BD*pid_b0 + j) : t2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t2[(BN*nblk + i) * C + BD*pid_b0 + j + q] : 0;
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BN*BD / 4; e += THREADS) {
+      const int i = e / (BD / 4);
+      const int j = e % (BD / 4) * 4;
       if (t4_aligned) {
-        const int bytes = BN*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+        const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + ((BN*nblk + i) * C + BD*pid_b0 + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t4[(BN*nblk + i) * C + BD*pid_b0 + j + q] : 0;
         }
       }
     }
     __syncthreads();
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    float dot[16];
-    for (int t = 0; t < 16; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < BD; kk += 2) {
-      const float a_frag = q_tile_smem[(wave * 32 + lane % 32) * 64
-          + ((kk + lane / 32) / 4 ^ (wave * 32 + lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
-      const float b_frag = k_tile_smem[(lane % 32) * 64
-          + ((kk + lane / 32) / 4 ^ (lane % 32) % 8) * 4 + (kk + lane / 32) % 4];
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
+    for (int kk = 0; kk < BD; kk += MMA_K) {
+      const float a_frag = q_tile_smem[(wave * WARP_M + lane % TSR_MMA_M) * BD
+          + ((kk + lane / TSR_MMA_M) / 4 ^ (wave * WARP_M + lane % TSR_MMA_M) % 8) * 4
+          + (kk + lane / TSR_MMA_M) % 4];
+      const float b_frag = k_tile_smem[(lane % TSR_MMA_N) * BD
+          + ((kk + lane / TSR_MMA_M) / 4 ^ (lane % TSR_MMA_N) % 8) * 4
+          + (kk + lane / TSR_MMA_M) % 4];
       tsr_floatx16 frag_acc;
-      for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = dot[reg];
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) frag_acc[reg] = dot[reg];
       frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-      for (int reg = 0; reg < 16; ++reg) dot[reg] = frag_acc[reg];
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) dot[reg] = frag_acc[reg];
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
-    float p[16];
+    float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
         const int t = reg;
         p[t] = dot[t] * scale;
       }
     } else {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int j = lane % 32;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int j = lane % TSR_MMA_N;
         const int t = reg;
         p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
       }
     }
-    float m_c[16];
-    for (int r = 0; r < 16; ++r) m_c[r] = -tsr_infinity();
+    float m_c[TSR_LANE_ROWS];
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) m_c[r] = -tsr_infinity();
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
       const int t = reg;
       m_c[reg] = fmaxf(m_c[reg], p[t]);
     }
     #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 1));
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 2));
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 4));
@@ -666,19 +711,19 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       m_c[r] = fmaxf(m_c[r], __shfl_xor(m_c[r], 16));
     }
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
       const int t = reg;
       p[t] = exp2f((p[t] - (m_c[reg] == -tsr_infinity() ? 0.0f : m_c[reg])) * 1.4426950408889634f);
     }
-    float l_c[16];
-    for (int r = 0; r < 16; ++r) l_c[r] = 0.0f;
+    float l_c[TSR_LANE_ROWS];
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) l_c[r] = 0.0f;
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
       const int t = reg;
       l_c[reg] = l_c[reg] + p[t];
     }
     #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 1);
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 2);
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 4);
@@ -686,9 +731,9 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 16);
     }
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    float alpha[16], beta[16];
+    float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
     #pragma unroll
-    for (int r = 0; r < 16; ++r) {
+    for (int r = 0; r < TSR_LANE_ROWS; ++r) {
       const float m_new = fmaxf(m[r], m_c[r]);
       const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2f((m[r] - m_fin) * 1.4426950408889634f);
@@ -697,50 +742,52 @@ extern "C" __global__ void __launch_bounds__(128) decoder_block_k4(const float* 
       m[r] = m_new;
     }
     #pragma unroll
-    for (int frag = 0; frag < 2; ++frag) {
+    for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 16; ++reg) {
-        const int t = frag * 16 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] *= alpha[reg];
       }
     }
     __syncthreads();
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = lane % 32;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = lane % TSR_MMA_N;
       const int t = reg;
       p_stage[i * 33 + j] = p[t] * beta[reg];
     }
     __syncthreads();
-    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += 2) {
-      const float a_frag = p_stage[(wave * 32 + lane % 32) * 33 + kk + lane / 32];
+    for (int kk = 0; kk < BN && kk < S - BN*nblk; kk += MMA_K) {
+      const float a_frag = p_stage[(wave * WARP_M + lane % TSR_MMA_M) * 33 + kk
+          + lane / TSR_MMA_M];
       #pragma unroll
-      for (int fn = 0; fn < 2; ++fn) {
-        const float b_frag = v_tile_smem[(kk + lane / 32) * 64
-            + ((fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4 + (fn * 32 + lane % 32) % 4];
+      for (int fn = 0; fn < BD / TSR_MMA_N; ++fn) {
+        const float b_frag = v_tile_smem[(kk + lane / TSR_MMA_M) * BD
+            + ((fn * TSR_MMA_N + lane % TSR_MMA_N) / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+            + (fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
         tsr_floatx16 frag_acc;
-        for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[fn * 16 + reg];
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) frag_acc[reg] = acc[fn * TSR_MMA_REGS + reg];
         frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-        for (int reg = 0; reg < 16; ++reg) acc[fn * 16 + reg] = frag_acc[reg];
+        for (int reg = 0; reg < TSR_MMA_REGS; ++reg) acc[fn * TSR_MMA_REGS + reg] = frag_acc[reg];
       }
     }
   }
   // flash_attention.tsr:26: return acc / l[:, None]
   #pragma unroll
-  for (int frag = 0; frag < 2; ++frag) {
+  for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
-      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[reg]);
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + BD*pid_b0 + j] = (acc[t] / l[reg]);
     }
   }
 }
 
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* __restrict__ t6,
     const float* __restrict__ wo, const float* __restrict__ x, float* __restrict__ x_1,
     const long long S, const long long C) {
@@ -748,28 +795,31 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t6_aligned = tsr_aligned16(t6) && C % 4 == 0;
   const bool wo_aligned = tsr_aligned16(wo) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((BM*pid_m + i) * C + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? t6[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -777,29 +827,29 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        const int bytes = i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wo + (i * C + BN*pid_n + j) : wo, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < C ? wo[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -807,17 +857,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t6_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? t6[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -826,17 +876,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? wo + ((BK*kb + BK + i) * C + BN*pid_n + j) : wo, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < C
                 ? wo[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -844,33 +894,39 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
           ((x[(BM*pid_m + i) * C + BN*pid_n + j]) + acc[t]);
@@ -879,13 +935,13 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k5(const float* 
 }
 
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
-// grid [pid_m < ceil(S/4)], 256 threads per program
+// grid [pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* __restrict__ x_1,
     const float* __restrict__ norm2, float* __restrict__ h_1, const long long S,
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -928,7 +984,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k6(const float* 
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
-// grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* __restrict__ h_1,
     const float* __restrict__ w1, float* __restrict__ t10, const long long S, const long long C,
     const long long F) {
@@ -936,28 +992,31 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_1_aligned = tsr_aligned16(h_1) && C % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && F % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -965,29 +1024,29 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + (i * F + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < F ? w1[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -995,17 +1054,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? h_1[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -1014,17 +1073,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w1 + ((BK*kb + BK + i) * F + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < F
                 ? w1[(BK*kb + BK + i) * F + BN*pid_n + j + q] : 0;
           }
@@ -1032,33 +1091,39 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
@@ -1066,7 +1131,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k7(const float* 
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
-// grid [pid_n < ceil(F/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* __restrict__ h_1,
     const float* __restrict__ w3, const float* __restrict__ t10, float* __restrict__ t12,
     const long long S, const long long C, const long long F) {
@@ -1074,28 +1139,31 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool h_1_aligned = tsr_aligned16(h_1) && C % 4 == 0;
   const bool w3_aligned = tsr_aligned16(w3) && F % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < C ? h_1[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -1103,29 +1171,29 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w3_aligned) {
-        const int bytes = i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w3 + (i * F + BN*pid_n + j) : w3, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < C && BN*pid_n + j + q < F ? w3[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1133,17 +1201,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < C
                 ? h_1[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -1152,17 +1220,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w3_aligned) {
-          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w3 + ((BK*kb + BK + i) * F + BN*pid_n + j) : w3, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < C && BN*pid_n + j + q < F
                 ? w3[(BK*kb + BK + i) * F + BN*pid_n + j + q] : 0;
           }
@@ -1170,33 +1238,39 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t12[(BM*pid_m + i) * F + BN*pid_n + j] =
           ((t10[(BM*pid_m + i) * F + BN*pid_n + j]) * acc[t]);
@@ -1205,7 +1279,7 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k8(const float* 
 }
 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(S/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* __restrict__ t12,
     const float* __restrict__ w2, const float* __restrict__ x_1, float* __restrict__ out,
     const long long S, const long long F, const long long C) {
@@ -1213,28 +1287,31 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t12_aligned = tsr_aligned16(t12) && F % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t12_aligned) {
-        const int bytes = BM*pid_m + i < S && j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t12 + ((BM*pid_m + i) * F + j) : t12, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && j + q < F ? t12[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
@@ -1242,29 +1319,29 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < F && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < F && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1272,17 +1349,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t12_aligned) {
-          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < F ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < S && BK*kb + BK + j < F ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + BK + j) : t12, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < S && BK*kb + BK + j + q < F
                 ? t12[(BM*pid_m + i) * F + BK*kb + BK + j + q] : 0;
           }
@@ -1291,17 +1368,17 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + BK + i < F && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < F && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w2 + ((BK*kb + BK + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < F && BN*pid_n + j + q < C
                 ? w2[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -1309,33 +1386,39 @@ extern "C" __global__ void __launch_bounds__(256) decoder_block_k9(const float* 
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           out[(BM*pid_m + i) * C + BN*pid_n + j] =
           ((x_1[(BM*pid_m + i) * C + BN*pid_n + j]) + acc[t]);

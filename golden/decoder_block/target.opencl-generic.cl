@@ -26,6 +26,12 @@
 inline float tsr_infinity() { return INFINITY; }
 inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- math
 
 inline float tsr_relu(float x) { return fmax(x, 0.0f); }
@@ -33,6 +39,10 @@ inline float tsr_sigmoid(float x) { return 1.0f / (1.0f + exp(-x)); }
 inline float tsr_silu(float x) { return x / (1.0f + exp(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -67,13 +77,13 @@ inline float tsr_group_sum(__local float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- decoder_block_k0: launch k0 of decoder_block: the library's rmsnorm
-// grid [pid_m < ceil(S/4)], 128 threads per program
+// grid [pid_m < ceil(S/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k0(__global const float* restrict x, __global const float* restrict norm1,
     __global float* restrict h, const long S, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
@@ -110,7 +120,7 @@ void decoder_block_k0(__global const float* restrict x, __global const float* re
 }
 
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k1(__global const float* restrict h, __global const float* restrict wq,
     __global float* restrict t0, const long S, const long C) {
@@ -118,18 +128,21 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wq_aligned = tsr_aligned16(wq) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -138,31 +151,31 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && BK*kb + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
-        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wq + ((BK*kb + i) * C + BN*pid_n + j) : wq, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < C && BN*pid_n + j + q < C ? wq[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -170,20 +183,20 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
@@ -191,7 +204,7 @@ void decoder_block_k1(__global const float* restrict h, __global const float* re
 }
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k2(__global const float* restrict h, __global const float* restrict wk,
     __global float* restrict t2, const long S, const long C) {
@@ -199,18 +212,21 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wk_aligned = tsr_aligned16(wk) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -219,31 +235,31 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && BK*kb + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
-        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wk + ((BK*kb + i) * C + BN*pid_n + j) : wk, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < C && BN*pid_n + j + q < C ? wk[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -251,20 +267,20 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t2[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
@@ -272,7 +288,7 @@ void decoder_block_k2(__global const float* restrict h, __global const float* re
 }
 
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k3(__global const float* restrict h, __global const float* restrict wv,
     __global float* restrict t4, const long S, const long C) {
@@ -280,18 +296,21 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h) && C % 4 == 0;
   const bool wv_aligned = tsr_aligned16(wv) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -300,31 +319,31 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h + ((BM*pid_m + i) * C + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && BK*kb + j + q < C ? h[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
-        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wv + ((BK*kb + i) * C + BN*pid_n + j) : wv, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < C && BN*pid_n + j + q < C ? wv[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -332,20 +351,20 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
@@ -353,7 +372,7 @@ void decoder_block_k3(__global const float* restrict h, __global const float* re
 }
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
-// grid [pid_m < ceil(S/32), pid_b0 < C/64], 128 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < C/64], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k4(__global const float* restrict t0, __global const float* restrict t2,
     __global const float* restrict t4, __global float* restrict t6, const long S, const long C) {
@@ -361,153 +380,157 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
   enum { BM = 32 };
   enum { BN = 32 };
   enum { BD = 64 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[24576] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[24576] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const q_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const k_tile_smem = (__local float*)(tsr_smem + 8192);
   __local float* const v_tile_smem = (__local float*)(tsr_smem + 16384);
   const bool t0_aligned = tsr_aligned16(t0) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t2_aligned = tsr_aligned16(t2) && C % 4 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && C % 4 == 0;
-  __local float tsr_rows[512];
+  __local float tsr_rows[RM*THREADS];
   __local float p_stage[1056];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const float scale = 0.125f;
   // flash_attention.tsr:14: q_tile = tile.load(q, rows=T.m, cols=T.d)
-  for (int e = lid; e < 512; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BM*BD / 4; e += THREADS) {
+    const int i = e / (BD / 4);
+    const int j = e % (BD / 4) * 4;
     if (t0_aligned) {
-      const int bytes = BM*pid_m + i < S ? 16 : 0;
-      tsr_copy16(q_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? t0 + ((BM*pid_m + i) * C + 64*pid_b0 + j) : t0, bytes);
+      const int bytes = BM*pid_m + i < S ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+          bytes ? t0 + ((BM*pid_m + i) * C + BD*pid_b0 + j) : t0, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        q_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + 64*pid_b0 + j + q] : 0;
+        q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            BM*pid_m + i < S ? t0[(BM*pid_m + i) * C + BD*pid_b0 + j + q] : 0;
       }
     }
   }
   // flash_attention.tsr:18: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
-  float acc[16];
-  for (int r = 0; r < 4; ++r) {
+  float acc[BM*BD / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
     }
   }
-  float m[4];
-  for (int r = 0; r < 4; ++r) {
+  float m[RM];
+  for (int r = 0; r < RM; ++r) {
     m[r] = -tsr_infinity();
   }
-  float l[4];
-  for (int r = 0; r < 4; ++r) {
+  float l[RM];
+  for (int r = 0; r < RM; ++r) {
     l[r] = 0.0f;
   }
   for (long nblk = 0; nblk * BN < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // flash_attention.tsr:19: k_tile = tile.load(k, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BN*BD / 4; e += THREADS) {
+      const int i = e / (BD / 4);
+      const int j = e % (BD / 4) * 4;
       if (t2_aligned) {
-        const int bytes = BN*nblk + i < S ? 16 : 0;
-        tsr_copy16(k_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t2 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t2, bytes);
+        const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t2 + ((BN*nblk + i) * C + BD*pid_b0 + j) : t2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          k_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? t2[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t2[(BN*nblk + i) * C + BD*pid_b0 + j + q] : 0;
         }
       }
     }
     // flash_attention.tsr:20: v_tile = tile.load(v, nblk, cols=T.d)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BN*BD / 4; e += THREADS) {
+      const int i = e / (BD / 4);
+      const int j = e % (BD / 4) * 4;
       if (t4_aligned) {
-        const int bytes = BN*nblk + i < S ? 16 : 0;
-        tsr_copy16(v_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t4 + ((BN*nblk + i) * C + 64*pid_b0 + j) : t4, bytes);
+        const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t4 + ((BN*nblk + i) * C + BD*pid_b0 + j) : t4, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          v_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? t4[(BN*nblk + i) * C + 64*pid_b0 + j + q] : 0;
+          v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*nblk + i < S ? t4[(BN*nblk + i) * C + BD*pid_b0 + j + q] : 0;
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // flash_attention.tsr:21: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
-    float dot[8];
-    for (int t = 0; t < 8; ++t) dot[t] = 0.0f;
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; ++kk) {
-      float a_k[4], b_k[2];
-      for (int r = 0; r < 4; ++r)
-          a_k[r] = q_tile_smem[(ty + r * 8) * 64 + (kk / 4 ^ (ty + r * 8) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[2];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = q_tile_smem[(ty + r * TY) * BD + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 2; ++c)
-          b_k[c] = k_tile_smem[(tx + c * 16) * 64 + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
-      for (int r = 0; r < 4; ++r) {
+          b_k[c] = k_tile_smem[(tx + c * TX) * BD + (kk / 4 ^ (tx + c * TX) % 8) * 4 + kk % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
     // flash_attention.tsr:24: p, m_c, l_c = tile.softmax_online(s)
-    float p[8];
+    float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 2; ++c) {
           const int t = r * 2 + c;
           p[t] = dot[t] * scale;
         }
       }
     } else {
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 2; ++c) {
-          const int j = tx + c * 16;
+          const int j = tx + c * TX;
           const int t = r * 2 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity() : (dot[t] * scale);
         }
       }
     }
-    float m_c[4];
-    for (int r = 0; r < 4; ++r) {
+    float m_c[RM];
+    for (int r = 0; r < RM; ++r) {
       float part = -tsr_infinity();
       for (int c = 0; c < 2; ++c) part = fmax(part, p[r * 2 + c]);
       m_c[r] = part;
     }
-    for (int r = 0; r < 4; ++r) tsr_rows[r * 128 + lid] = m_c[r];
+    for (int r = 0; r < RM; ++r) tsr_rows[r * THREADS + lid] = m_c[r];
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = 0; r < 4; ++r) {
-      float part = tsr_rows[r * 128 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer) part = fmax(part, tsr_rows[r * 128 + ty * 16 + peer]);
+    for (int r = 0; r < RM; ++r) {
+      float part = tsr_rows[r * THREADS + ty * TX];
+      for (int peer = 1; peer < TX; ++peer)
+          part = fmax(part, tsr_rows[r * THREADS + ty * TX + peer]);
       m_c[r] = part;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 2; ++c) {
         const int t = r * 2 + c;
         p[t] = exp2((p[t] - (m_c[r] == -tsr_infinity() ? 0.0f : m_c[r])) * 1.4426950408889634f);
       }
     }
-    float l_c[4];
-    for (int r = 0; r < 4; ++r) {
+    float l_c[RM];
+    for (int r = 0; r < RM; ++r) {
       float part = 0.0f;
       for (int c = 0; c < 2; ++c) part = part + p[r * 2 + c];
       l_c[r] = part;
     }
-    for (int r = 0; r < 4; ++r) tsr_rows[r * 128 + lid] = l_c[r];
+    for (int r = 0; r < RM; ++r) tsr_rows[r * THREADS + lid] = l_c[r];
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = 0; r < 4; ++r) {
-      float part = tsr_rows[r * 128 + ty * 16];
-      for (int peer = 1; peer < 16; ++peer) part = part + tsr_rows[r * 128 + ty * 16 + peer];
+    for (int r = 0; r < RM; ++r) {
+      float part = tsr_rows[r * THREADS + ty * TX];
+      for (int peer = 1; peer < TX; ++peer) part = part + tsr_rows[r * THREADS + ty * TX + peer];
       l_c[r] = part;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // flash_attention.tsr:25: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
-    float alpha[4], beta[4];
-    for (int r = 0; r < 4; ++r) {
+    float alpha[RM], beta[RM];
+    for (int r = 0; r < RM; ++r) {
       const float m_new = fmax(m[r], m_c[r]);
       const float m_fin = m_new == -tsr_infinity() ? 0.0f : m_new;
       alpha[r] = exp2((m[r] - m_fin) * 1.4426950408889634f);
@@ -515,45 +538,45 @@ void decoder_block_k4(__global const float* restrict t0, __global const float* r
       l[r] = l[r] * alpha[r] + l_c[r] * beta[r];
       m[r] = m_new;
     }
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 4; ++c) {
         const int t = r * 4 + c;
         acc[t] *= alpha[r];
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    for (int r = 0; r < 4; ++r) {
-      const int i = ty + r * 8;
+    for (int r = 0; r < RM; ++r) {
+      const int i = ty + r * TY;
       for (int c = 0; c < 2; ++c) {
-        const int j = tx + c * 16;
+        const int j = tx + c * TX;
         const int t = r * 2 + c;
         p_stage[i * 33 + j] = p[t] * beta[r];
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int kk = 0; kk < BN && kk < S - BN*nblk; ++kk) {
-      float a_k[4], b_k[4];
-      for (int r = 0; r < 4; ++r) a_k[r] = p_stage[(ty + r * 8) * 33 + kk];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r) a_k[r] = p_stage[(ty + r * TY) * 33 + kk];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = v_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 4; ++r) {
+          b_k[c] = v_tile_smem[kk * BD + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // flash_attention.tsr:26: return acc / l[:, None]
-  for (int r = 0; r < 4; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + 64*pid_b0 + j] = (acc[t] / l[r]);
+      if (BM*pid_m + i < S) t6[(BM*pid_m + i) * C + BD*pid_b0 + j] = (acc[t] / l[r]);
     }
   }
 }
 
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k5(__global const float* restrict t6, __global const float* restrict wo,
     __global const float* restrict x, __global float* restrict x_1, const long S, const long C) {
@@ -561,18 +584,21 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t6_aligned = tsr_aligned16(t6) && C % 4 == 0;
   const bool wo_aligned = tsr_aligned16(wo) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -581,31 +607,31 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
-        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t6 + ((BM*pid_m + i) * C + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && BK*kb + j + q < C ? t6[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
-        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < C && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? wo + ((BK*kb + i) * C + BN*pid_n + j) : wo, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < C && BN*pid_n + j + q < C ? wo[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -613,21 +639,21 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decoder_block.tsr:22: x = x + transpose(a, (1, 0, 2)).reshape("S", "C") @ wo
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           x_1[(BM*pid_m + i) * C + BN*pid_n + j] =
@@ -637,13 +663,13 @@ void decoder_block_k5(__global const float* restrict t6, __global const float* r
 }
 
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
-// grid [pid_m < ceil(S/4)], 128 threads per program
+// grid [pid_m < ceil(S/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k6(__global const float* restrict x_1, __global const float* restrict norm2,
     __global float* restrict h_1, const long S, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
@@ -681,7 +707,7 @@ void decoder_block_k6(__global const float* restrict x_1, __global const float* 
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
-// grid [pid_n < ceil(F/64), pid_m < ceil(S/64)], 128 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(S/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k7(__global const float* restrict h_1, __global const float* restrict w1,
     __global float* restrict t10, const long S, const long C, const long F) {
@@ -689,18 +715,21 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_1_aligned = tsr_aligned16(h_1) && C % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && F % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -709,31 +738,31 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && BK*kb + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = BK*kb + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + ((BK*kb + i) * F + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < C && BN*pid_n + j + q < F ? w1[(BK*kb + i) * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -741,21 +770,21 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
@@ -764,7 +793,7 @@ void decoder_block_k7(__global const float* restrict h_1, __global const float* 
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
-// grid [pid_n < ceil(F/64), pid_m < ceil(S/64)], 128 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(S/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k8(__global const float* restrict h_1, __global const float* restrict w3,
     __global const float* restrict t10, __global float* restrict t12, const long S, const long C,
@@ -773,18 +802,21 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_1_aligned = tsr_aligned16(h_1) && C % 4 == 0;
   const bool w3_aligned = tsr_aligned16(w3) && F % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -793,31 +825,31 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
-        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && BK*kb + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? h_1 + ((BM*pid_m + i) * C + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && BK*kb + j + q < C ? h_1[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w3_aligned) {
-        const int bytes = BK*kb + i < C && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < C && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w3 + ((BK*kb + i) * F + BN*pid_n + j) : w3, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < C && BN*pid_n + j + q < F ? w3[(BK*kb + i) * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -825,21 +857,21 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < F)
           t12[(BM*pid_m + i) * F + BN*pid_n + j] =
@@ -849,7 +881,7 @@ void decoder_block_k8(__global const float* restrict h_1, __global const float* 
 }
 
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(S/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void decoder_block_k9(__global const float* restrict t12, __global const float* restrict w2,
     __global const float* restrict x_1, __global float* restrict out, const long S, const long F,
@@ -858,18 +890,21 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t12_aligned = tsr_aligned16(t12) && F % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -878,31 +913,31 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
   for (long kb = 0; kb * BK < F; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t12_aligned) {
-        const int bytes = BM*pid_m + i < S && BK*kb + j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < S && BK*kb + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t12 + ((BM*pid_m + i) * F + BK*kb + j) : t12, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < S && BK*kb + j + q < F ? t12[(BM*pid_m + i) * F + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BK*kb + i < F && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < F && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < F && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -910,21 +945,21 @@ void decoder_block_k9(__global const float* restrict t12, __global const float* 
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // decoder_block.tsr:24: return x + (silu(h @ w1) * (h @ w3)) @ w2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < S && BN*pid_n + j < C)
           out[(BM*pid_m + i) * C + BN*pid_n + j] =

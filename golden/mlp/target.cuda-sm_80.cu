@@ -21,6 +21,16 @@
 __device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
 __device__ inline float tsr_nan() { return __int_as_float(0x7fc00000); }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 16, TSR_MMA_N = 8, TSR_MMA_REGS = 4, TSR_LANE_ROWS = 2 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -91,6 +101,10 @@ __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsign
 }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -172,7 +186,7 @@ __device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const u
 // end of the Tessera tile primitives
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) linear_gelu(
     const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
     const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
@@ -181,28 +195,32 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 16;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -210,17 +228,17 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -228,49 +246,49 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+  if (BK < K) {
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && BK + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + BK + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && BK + j + q < K ? A[(BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+  if (BK < K) {
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
+        const int bytes = BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((BK + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BK + i < K && BN*pid_n + j + q < N ? B[(BK + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[128];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -278,82 +296,84 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + 2*BK + j < K ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 2*BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 64 + j + q < K
-                ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 2*BK + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 2*BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 64 + i < K && BN*pid_n + j + q < N
-                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 2*BK + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
-      unsigned a_frag[4][4];
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
+      unsigned a_frag[WARP_M / TSR_MMA_M][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
         tsr_ldmatrix_x4(a_frag[fm],
-            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
-            + lane % 8) * 32 + ((kk + lane / 16 * 8)
-            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
-            + (kk + lane / 16 * 8) % 8));
+            a_tile_smem + (((kb) % 3 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8
+            + lane % 8) * BK + ((kk + lane / 8 / 2 * 8)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 8 / 2 * 8) % 8));
       }
       #pragma unroll
-      for (int fn = 0; fn < 8; ++fn) {
+      for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
-            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-            + (wave % 2 * 64 + fn * 8) % 8));
+            b_tile_smem + (((kb) % 3 * BK + kk + lane / 8 % 2 * 8 + lane % 8) * BN
+            + ((wave % 2 * WARP_N + fn * TSR_MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8)
+            * 8 + (wave % 2 * WARP_N + fn * TSR_MMA_N) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm)
-            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS],
+            a_frag[fm], b_frag);
       }
     }
   }
   // mlp.tsr:13: return gelu(matmul(A, B) + bias)
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + lane / 4
+          + (reg / 2) * 8;
+      const int j0 = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
             + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
       }
@@ -372,7 +392,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_gelu(
 }
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
-// grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 128 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* __restrict__ x,
     const unsigned short* __restrict__ W_in, const float* __restrict__ b_in,
     unsigned short* __restrict__ h, const long long T, const long long D, const long long F) {
@@ -380,28 +400,32 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 16;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -409,17 +433,17 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_in_aligned) {
-        const int bytes = i < D && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < D && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_in + (i * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < D && BN*pid_n + j + q < F ? W_in[i * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -427,49 +451,49 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+  if (BK < D) {
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && 32 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && BK + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * D + BK + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              BM*pid_m + i < T && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < T && BK + j + q < D ? x[(BM*pid_m + i) * D + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+  if (BK < D) {
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_in_aligned) {
-        const int bytes = 32 + i < D && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? W_in + ((32 + i) * F + BN*pid_n + j) : W_in, bytes);
+        const int bytes = BK + i < D && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_in + ((BK + i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32 + i < D && BN*pid_n + j + q < F ? W_in[(32 + i) * F + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BK + i < D && BN*pid_n + j + q < F ? W_in[(BK + i) * F + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[128];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -477,82 +501,84 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 64 < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+    if (BK*kb + 2*BK < D) {
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < T && BK*kb + 2*BK + j < D ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 64 + j) : x, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 2*BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < T && BK*kb + 64 + j + q < D
-                ? x[(BM*pid_m + i) * D + BK*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < T && BK*kb + 2*BK + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 64 < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+    if (BK*kb + 2*BK < D) {
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (W_in_aligned) {
-          const int bytes = BK*kb + 64 + i < D && BN*pid_n + j < F ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < D && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? W_in + ((BK*kb + 64 + i) * F + BN*pid_n + j) : W_in, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? W_in + ((BK*kb + 2*BK + i) * F + BN*pid_n + j) : W_in, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 64 + i < D && BN*pid_n + j + q < F
-                ? W_in[(BK*kb + 64 + i) * F + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 2*BK + i < D && BN*pid_n + j + q < F
+                ? W_in[(BK*kb + 2*BK + i) * F + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 16) {
-      unsigned a_frag[4][4];
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += MMA_K) {
+      unsigned a_frag[WARP_M / TSR_MMA_M][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
         tsr_ldmatrix_x4(a_frag[fm],
-            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
-            + lane % 8) * 32 + ((kk + lane / 16 * 8)
-            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
-            + (kk + lane / 16 * 8) % 8));
+            a_tile_smem + (((kb) % 3 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8
+            + lane % 8) * BK + ((kk + lane / 8 / 2 * 8)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 8 / 2 * 8) % 8));
       }
       #pragma unroll
-      for (int fn = 0; fn < 8; ++fn) {
+      for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
-            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-            + (wave % 2 * 64 + fn * 8) % 8));
+            b_tile_smem + (((kb) % 3 * BK + kk + lane / 8 % 2 * 8 + lane % 8) * BN
+            + ((wave % 2 * WARP_N + fn * TSR_MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8)
+            * 8 + (wave % 2 * WARP_N + fn * TSR_MMA_N) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm)
-            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS],
+            a_frag[fm], b_frag);
       }
     }
   }
   // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + lane / 4
+          + (reg / 2) * 8;
+      const int j0 = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
             + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f))))));
       }
@@ -571,7 +597,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k0(const unsigned short* _
 }
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
-// grid [pid_n < ceil(D/128), pid_m < ceil(T/128)], 128 threads per program
+// grid [pid_n < ceil(D/BN), pid_m < ceil(T/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* __restrict__ h,
     const unsigned short* __restrict__ W_out, const float* __restrict__ b_out,
     const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T,
@@ -580,28 +606,32 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 16;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T && j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? h + ((BM*pid_m + i) * F + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && j + q < F ? h[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
@@ -609,17 +639,17 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_out_aligned) {
-        const int bytes = i < F && BN*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < F && BN*pid_n + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_out + (i * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < F && BN*pid_n + j + q < D ? W_out[i * D + BN*pid_n + j + q] : 0;
         }
       }
@@ -627,49 +657,49 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+  if (BK < F) {
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T && 32 + j < F ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? h + ((BM*pid_m + i) * F + 32 + j) : h, bytes);
+        const int bytes = BM*pid_m + i < T && BK + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? h + ((BM*pid_m + i) * F + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              BM*pid_m + i < T && 32 + j + q < F ? h[(BM*pid_m + i) * F + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < T && BK + j + q < F ? h[(BM*pid_m + i) * F + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+  if (BK < F) {
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_out_aligned) {
-        const int bytes = 32 + i < F && BN*pid_n + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? W_out + ((32 + i) * D + BN*pid_n + j) : W_out, bytes);
+        const int bytes = BK + i < F && BN*pid_n + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? W_out + ((BK + i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32 + i < F && BN*pid_n + j + q < D ? W_out[(32 + i) * D + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BK + i < F && BN*pid_n + j + q < D ? W_out[(BK + i) * D + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[128];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -677,82 +707,84 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 64 < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+    if (BK*kb + 2*BK < F) {
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + 64 + j < F ? 16 : 0;
+          const int bytes = BM*pid_m + i < T && BK*kb + 2*BK + j < F ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? h + ((BM*pid_m + i) * F + BK*kb + 64 + j) : h, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? h + ((BM*pid_m + i) * F + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < T && BK*kb + 64 + j + q < F
-                ? h[(BM*pid_m + i) * F + BK*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < T && BK*kb + 2*BK + j + q < F
+                ? h[(BM*pid_m + i) * F + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 64 < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+    if (BK*kb + 2*BK < F) {
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (W_out_aligned) {
-          const int bytes = BK*kb + 64 + i < F && BN*pid_n + j < D ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < F && BN*pid_n + j < D ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? W_out + ((BK*kb + 64 + i) * D + BN*pid_n + j) : W_out, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? W_out + ((BK*kb + 2*BK + i) * D + BN*pid_n + j) : W_out, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 64 + i < F && BN*pid_n + j + q < D
-                ? W_out[(BK*kb + 64 + i) * D + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 2*BK + i < F && BN*pid_n + j + q < D
+                ? W_out[(BK*kb + 2*BK + i) * D + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += 16) {
-      unsigned a_frag[4][4];
+    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += MMA_K) {
+      unsigned a_frag[WARP_M / TSR_MMA_M][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
         tsr_ldmatrix_x4(a_frag[fm],
-            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
-            + lane % 8) * 32 + ((kk + lane / 16 * 8)
-            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
-            + (kk + lane / 16 * 8) % 8));
+            a_tile_smem + (((kb) % 3 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8
+            + lane % 8) * BK + ((kk + lane / 8 / 2 * 8)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 8 / 2 * 8) % 8));
       }
       #pragma unroll
-      for (int fn = 0; fn < 8; ++fn) {
+      for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
-            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-            + (wave % 2 * 64 + fn * 8) % 8));
+            b_tile_smem + (((kb) % 3 * BK + kk + lane / 8 % 2 * 8 + lane % 8) * BN
+            + ((wave % 2 * WARP_N + fn * TSR_MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8)
+            * 8 + (wave % 2 * WARP_N + fn * TSR_MMA_N) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm)
-            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS],
+            a_frag[fm], b_frag);
       }
     }
   }
   // mlp.tsr:21: return residual(x, h @ W_out + b_out)
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + lane / 4
+          + (reg / 2) * 8;
+      const int j0 = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
             ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
             + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f)))));
@@ -772,7 +804,7 @@ extern "C" __global__ void __launch_bounds__(128) mlp_k1(const unsigned short* _
 }
 
 // ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
-// grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 128 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char* __restrict__ x,
     const unsigned char* __restrict__ w, const float* __restrict__ bias,
     unsigned short* __restrict__ out, const long long T, const long long D, const long long F) {
@@ -780,28 +812,34 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 64;
-  constexpr int THREADS = 128;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 16;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 24576);
-  const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
-  const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const bool x_aligned = tsr_aligned16(x) && D % TSR_CHUNK_BYTES == 0;
+  const bool w_aligned = tsr_aligned16(w) && D % TSR_CHUNK_BYTES == 0;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BM*pid_m + i < T && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem
+            + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          a_tile_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -809,17 +847,19 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BN*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = BN*pid_n + i < F && j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BN*pid_n + i < F && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem
+            + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
             bytes ? w + ((BN*pid_n + i) * D + j) : w, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          b_tile_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BN*pid_n + i < F && j + q < D ? w[(BN*pid_n + i) * D + j + q] : 0;
         }
       }
@@ -827,49 +867,53 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
   }
   tsr_copy_commit();
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+  if (BK < D) {
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && BK + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem
+            + ((1 * BM + i) * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * D + BK + j) : x, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          a_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              BM*pid_m + i < T && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
+              BM*pid_m + i < T && BK + j + q < D ? x[(BM*pid_m + i) * D + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-  if (64 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+  if (BK < D) {
+    for (int e = lid; e < BN*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = BN*pid_n + i < F && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((BN*pid_n + i) * D + 64 + j) : w, bytes);
+        const int bytes = BN*pid_n + i < F && BK + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem
+            + ((1 * BN + i) * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((BN*pid_n + i) * D + BK + j) : w, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          b_tile_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
-              BN*pid_n + i < F && 64 + j + q < D ? w[(BN*pid_n + i) * D + 64 + j + q] : 0;
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          b_tile_smem[(1 * BN + i) * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
+              BN*pid_n + i < F && BK + j + q < D ? w[(BN*pid_n + i) * D + BK + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[128];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -877,121 +921,138 @@ extern "C" __global__ void __launch_bounds__(128) linear_fp8(const unsigned char
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 128 < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 16;
+    if (BK*kb + 2*BK < D) {
+      for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+        const int i = e / (BK / TSR_CHUNK_BYTES);
+        const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + 128 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < T && BK*kb + 2*BK + j < D ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 128 + j) : x, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * D + BK*kb + 2*BK + j) : x,
+              bytes);
         } else {
           #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
-                + (j + q) % 16] = BM*pid_m + i < T && BK*kb + 128 + j + q < D
-                ? x[(BM*pid_m + i) * D + BK*kb + 128 + j + q] : 0;
+          for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK
+                + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+                + (j + q) % TSR_CHUNK_BYTES] =
+                BM*pid_m + i < T && BK*kb + 2*BK + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    if (BK*kb + 128 < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 16;
+    if (BK*kb + 2*BK < D) {
+      for (int e = lid; e < BN*BK / TSR_CHUNK_BYTES; e += THREADS) {
+        const int i = e / (BK / TSR_CHUNK_BYTES);
+        const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (w_aligned) {
-          const int bytes = BN*pid_n + i < F && BK*kb + 128 + j < D ? 16 : 0;
+          const int bytes = BN*pid_n + i < F && BK*kb + 2*BK + j < D ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-              bytes ? w + ((BN*pid_n + i) * D + BK*kb + 128 + j) : w, bytes);
+              + (((kb + 2) % 3 * BN + i) * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES), bytes ? w + ((BN*pid_n + i) * D + BK*kb + 2*BK + j) : w,
+              bytes);
         } else {
           #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
-                + (j + q) % 16] = BN*pid_n + i < F && BK*kb + 128 + j + q < D
-                ? w[(BN*pid_n + i) * D + BK*kb + 128 + j + q] : 0;
+          for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+            b_tile_smem[((kb + 2) % 3 * BN + i) * BK
+                + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+                + (j + q) % TSR_CHUNK_BYTES] =
+                BN*pid_n + i < F && BK*kb + 2*BK + j + q < D
+                ? w[(BN*pid_n + i) * D + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 16) {
-      unsigned a_frag[4][4];
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += MMA_K) {
+      unsigned a_frag[WARP_M / TSR_MMA_M][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
         a_frag[fm][0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
-            * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64
-            + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
-            + fm * 16 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 1) % 16])));
+            * BM + wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 4) * BK
+            + ((kk + lane % 4 * 2) / TSR_CHUNK_BYTES ^ (wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane / 4) % 4) * TSR_CHUNK_BYTES + (kk + lane % 4 * 2) % TSR_CHUNK_BYTES])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * BM + wave / 2 * WARP_M
+            + fm * TSR_MMA_M + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 1)
+            / TSR_CHUNK_BYTES ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 4) % 4)
+            * TSR_CHUNK_BYTES + (kk + lane % 4 * 2 + 1) % TSR_CHUNK_BYTES])));
         a_frag[fm][1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
-            * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64
-            + ((kk + lane % 4 * 2) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16
-            + (kk + lane % 4 * 2) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
-            + fm * 16 + lane / 4 + 8) * 64
-            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16
-            + (kk + lane % 4 * 2 + 1) % 16])));
+            * BM + wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 4 + 8) * BK
+            + ((kk + lane % 4 * 2) / TSR_CHUNK_BYTES ^ (wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane / 4 + 8) % 4) * TSR_CHUNK_BYTES + (kk + lane % 4 * 2) % TSR_CHUNK_BYTES])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * BM + wave / 2 * WARP_M
+            + fm * TSR_MMA_M + lane / 4 + 8) * BK
+            + ((kk + lane % 4 * 2 + 1)
+            / TSR_CHUNK_BYTES ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 4 + 8) % 4)
+            * TSR_CHUNK_BYTES + (kk + lane % 4 * 2 + 1) % TSR_CHUNK_BYTES])));
         a_frag[fm][2] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
-            * 128 + wave / 2 * 64 + fm * 16 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 8) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
-            + fm * 16 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+            * BM + wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 8)
+            / TSR_CHUNK_BYTES ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 4) % 4)
+            * TSR_CHUNK_BYTES + (kk + lane % 4 * 2 + 8) % TSR_CHUNK_BYTES])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * BM + wave / 2 * WARP_M
+            + fm * TSR_MMA_M + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 8 + 1)
+            / TSR_CHUNK_BYTES ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 4) % 4)
+            * TSR_CHUNK_BYTES + (kk + lane % 4 * 2 + 8 + 1) % TSR_CHUNK_BYTES])));
         a_frag[fm][3] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3
-            * 128 + wave / 2 * 64 + fm * 16 + lane / 4 + 8) * 64
-            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4) * 16
-            + (kk + lane % 4 * 2 + 8) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * 128 + wave / 2 * 64
-            + fm * 16 + lane / 4 + 8) * 64
-            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave / 2 * 64 + fm * 16 + lane / 4 + 8) % 4)
-            * 16 + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+            * BM + wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 4 + 8) * BK
+            + ((kk + lane % 4 * 2 + 8)
+            / TSR_CHUNK_BYTES ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 4 + 8) % 4)
+            * TSR_CHUNK_BYTES + (kk + lane % 4 * 2 + 8) % TSR_CHUNK_BYTES])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 3 * BM + wave / 2 * WARP_M
+            + fm * TSR_MMA_M + lane / 4 + 8) * BK
+            + ((kk + lane % 4 * 2 + 8 + 1)
+            / TSR_CHUNK_BYTES ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 4 + 8) % 4)
+            * TSR_CHUNK_BYTES + (kk + lane % 4 * 2 + 8 + 1) % TSR_CHUNK_BYTES])));
       }
       #pragma unroll
-      for (int fn = 0; fn < 8; ++fn) {
+      for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3
-            * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64
-            + ((kk + lane % 4 * 2) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64
-            + fn * 8 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 1) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 1) % 16])));
-        b_frag[1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3
-            * 128 + wave % 2 * 64 + fn * 8 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 8) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 8) % 16])),
-            tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * 128 + wave % 2 * 64
-            + fn * 8 + lane / 4) * 64
-            + ((kk + lane % 4 * 2 + 8 + 1) / 16 ^ (wave % 2 * 64 + fn * 8 + lane / 4) % 4) * 16
-            + (kk + lane % 4 * 2 + 8 + 1) % 16])));
+        b_frag[0] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * BN
+            + wave % 2 * WARP_N + fn * TSR_MMA_N + lane / 4) * BK
+            + ((kk + lane % 4 * 2) / TSR_CHUNK_BYTES ^ (wave % 2 * WARP_N + fn * TSR_MMA_N
+            + lane / 4) % 4) * TSR_CHUNK_BYTES + (kk + lane % 4 * 2) % TSR_CHUNK_BYTES])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * BN + wave % 2 * WARP_N
+            + fn * TSR_MMA_N + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 1)
+            / TSR_CHUNK_BYTES ^ (wave % 2 * WARP_N + fn * TSR_MMA_N + lane / 4) % 4)
+            * TSR_CHUNK_BYTES + (kk + lane % 4 * 2 + 1) % TSR_CHUNK_BYTES])));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * BN
+            + wave % 2 * WARP_N + fn * TSR_MMA_N + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 8)
+            / TSR_CHUNK_BYTES ^ (wave % 2 * WARP_N + fn * TSR_MMA_N + lane / 4) % 4)
+            * TSR_CHUNK_BYTES + (kk + lane % 4 * 2 + 8) % TSR_CHUNK_BYTES])),
+            tsr_float_to_f16(tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 3 * BN + wave % 2 * WARP_N
+            + fn * TSR_MMA_N + lane / 4) * BK
+            + ((kk + lane % 4 * 2 + 8 + 1)
+            / TSR_CHUNK_BYTES ^ (wave % 2 * WARP_N + fn * TSR_MMA_N + lane / 4) % 4)
+            * TSR_CHUNK_BYTES + (kk + lane % 4 * 2 + 8 + 1) % TSR_CHUNK_BYTES])));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm)
-            tsr_mma_m16n8k16_f16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm)
+            tsr_mma_m16n8k16_f16(&acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS],
+            a_frag[fm], b_frag);
       }
     }
   }
   // mlp.tsr:31: return x @ w.T + bias
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + lane / 4
+          + (reg / 2) * 8;
+      const int j0 = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((acc[t] + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f))));
       }
       if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F

@@ -14,6 +14,18 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 16, TSR_MMA_N = 8, TSR_MMA_REGS = 4, TSR_LANE_ROWS = 2 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -62,6 +74,10 @@ __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsign
 }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -291,7 +307,7 @@ __device__ inline void tsr_wgmma_m64n256k32_fp8_e4m3_ss(float* d, unsigned long 
 // end of the Tessera tile primitives
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
-// grid [pid_n < ceil(N/256), pid_m < ceil(M/128)], 384 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
     const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
     const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
@@ -301,8 +317,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 64;
-  constexpr int CONSUMERS = 256;
-  constexpr int PRODUCERS = 128;
+  constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
+  constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -314,7 +333,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
   unsigned long long* const tsr_free = tsr_landed + 4;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -374,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
           ptid == 0 ? (A_aligned ? A_TILE_BYTES : 0) + (B_aligned ? B_TILE_BYTES : 0) : 0);
     }
-    if (64 < K) {
+    if (BK < K) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
         if (ptid == 0) {
@@ -387,7 +406,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
           a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              row < M && 64 + j < K ? A[row * K + 64 + j] : 0;
+              row < M && BK + j < K ? A[row * K + BK + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -406,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
           b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              64 + i < K && col < N ? B[(64 + i) * N + col] : 0;
+              BK + i < K && col < N ? B[(BK + i) * N + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -414,13 +433,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           ptid == 0 ? (A_aligned ? A_TILE_BYTES : 0) + (B_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < K; ++kb) {
-      if (BK*kb + 128 < K) {
+      if (BK*kb + 2*BK < K) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (A_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &A_map,
-                tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
+                tsr_landed + (kb + 2) % 4, BK*kb + 2*BK, BM*pid_m);
           }
         } else {
           #pragma unroll 1
@@ -429,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
             a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-                row < M && BK*kb + 128 + j < K ? A[row * K + BK*kb + 128 + j] : 0;
+                row < M && BK*kb + 2*BK + j < K ? A[row * K + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -437,13 +456,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
         if (B_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &B_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &B_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &B_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &B_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 2*BK);
           }
         } else {
           #pragma unroll 1
@@ -452,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
             b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 128 + i < K && col < N ? B[(BK*kb + 128 + i) * N + col] : 0;
+                + j % 8] = BK*kb + 2*BK + i < K && col < N ? B[(BK*kb + 2*BK + i) * N + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -463,12 +482,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
   } else {
     tsr_setmaxnreg_inc<232>();
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[128];
+    float acc[BM*BN / CONSUMERS];
     #pragma unroll
-    for (int frag = 0; frag < 32; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -477,9 +496,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
             1024));
       }
@@ -491,16 +510,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
     tsr_wgmma_wait<0>();
     // mlp.tsr:13: return gelu(matmul(A, B) + bias)
     #pragma unroll
-    for (int frag = 0; frag < 32; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
-          const int t = frag * 4 + reg + half;
+          const int t = frag * TSR_MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
               + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
         }
@@ -520,7 +539,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
 }
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
-// grid [pid_n < ceil(F/256), pid_m < ceil(T/128)], 384 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short* __restrict__ x,
     const unsigned short* __restrict__ W_in, const float* __restrict__ b_in,
     unsigned short* __restrict__ h, const long long T, const long long D, const long long F,
@@ -530,8 +549,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 64;
-  constexpr int CONSUMERS = 256;
-  constexpr int PRODUCERS = 128;
+  constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
+  constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -543,7 +565,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   unsigned long long* const tsr_free = tsr_landed + 4;
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -603,7 +625,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
           ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (W_in_aligned ? B_TILE_BYTES : 0) : 0);
     }
-    if (64 < D) {
+    if (BK < D) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
@@ -616,7 +638,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
           a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              row < T && 64 + j < D ? x[row * D + 64 + j] : 0;
+              row < T && BK + j < D ? x[row * D + BK + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -638,7 +660,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
           b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              64 + i < D && col < F ? W_in[(64 + i) * F + col] : 0;
+              BK + i < D && col < F ? W_in[(BK + i) * F + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -646,13 +668,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (W_in_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < D; ++kb) {
-      if (BK*kb + 128 < D) {
+      if (BK*kb + 2*BK < D) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &x_map,
-                tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
+                tsr_landed + (kb + 2) % 4, BK*kb + 2*BK, BM*pid_m);
           }
         } else {
           #pragma unroll 1
@@ -661,7 +683,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
             a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-                row < T && BK*kb + 128 + j < D ? x[row * D + BK*kb + 128 + j] : 0;
+                row < T && BK*kb + 2*BK + j < D ? x[row * D + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -669,13 +691,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
         if (W_in_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &W_in_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &W_in_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &W_in_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &W_in_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 2*BK);
           }
         } else {
           #pragma unroll 1
@@ -684,7 +706,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
             b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 128 + i < D && col < F ? W_in[(BK*kb + 128 + i) * F + col] : 0;
+                + j % 8] = BK*kb + 2*BK + i < D && col < F ? W_in[(BK*kb + 2*BK + i) * F + col]
+                : 0;
           }
           tsr_fence_async_shared();
         }
@@ -695,12 +718,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   } else {
     tsr_setmaxnreg_inc<232>();
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[128];
+    float acc[BM*BN / CONSUMERS];
     #pragma unroll
-    for (int frag = 0; frag < 32; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -709,9 +732,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
             1024));
       }
@@ -723,16 +746,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
     tsr_wgmma_wait<0>();
     // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
     #pragma unroll
-    for (int frag = 0; frag < 32; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
-          const int t = frag * 4 + reg + half;
+          const int t = frag * TSR_MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((tsr_gelu((acc[t]
               + (BN*pid_n + j < F ? b_in[BN*pid_n + j] : 0.0f))))));
         }
@@ -752,7 +775,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
 }
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
-// grid [pid_n < ceil(D/256), pid_m < ceil(T/128)], 384 threads per program
+// grid [pid_n < ceil(D/BN), pid_m < ceil(T/BM)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short* __restrict__ h,
     const unsigned short* __restrict__ W_out, const float* __restrict__ b_out,
     const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T,
@@ -762,8 +785,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 64;
-  constexpr int CONSUMERS = 256;
-  constexpr int PRODUCERS = 128;
+  constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
+  constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -775,7 +801,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   unsigned long long* const tsr_free = tsr_landed + 4;
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -835,7 +861,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
           ptid == 0 ? (h_aligned ? A_TILE_BYTES : 0) + (W_out_aligned ? B_TILE_BYTES : 0) : 0);
     }
-    if (64 < F) {
+    if (BK < F) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (h_aligned) {
         if (ptid == 0) {
@@ -848,7 +874,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
           a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              row < T && 64 + j < F ? h[row * F + 64 + j] : 0;
+              row < T && BK + j < F ? h[row * F + BK + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -870,7 +896,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
           b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              64 + i < F && col < D ? W_out[(64 + i) * D + col] : 0;
+              BK + i < F && col < D ? W_out[(BK + i) * D + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -878,13 +904,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           ptid == 0 ? (h_aligned ? A_TILE_BYTES : 0) + (W_out_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < F; ++kb) {
-      if (BK*kb + 128 < F) {
+      if (BK*kb + 2*BK < F) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (h_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &h_map,
-                tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
+                tsr_landed + (kb + 2) % 4, BK*kb + 2*BK, BM*pid_m);
           }
         } else {
           #pragma unroll 1
@@ -893,7 +919,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
             a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-                row < T && BK*kb + 128 + j < F ? h[row * F + BK*kb + 128 + j] : 0;
+                row < T && BK*kb + 2*BK + j < F ? h[row * F + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -901,13 +927,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
         if (W_out_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &W_out_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &W_out_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &W_out_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &W_out_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 2*BK);
           }
         } else {
           #pragma unroll 1
@@ -916,7 +942,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
             b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 128 + i < F && col < D ? W_out[(BK*kb + 128 + i) * D + col] : 0;
+                + j % 8] = BK*kb + 2*BK + i < F && col < D ? W_out[(BK*kb + 2*BK + i) * D + col]
+                : 0;
           }
           tsr_fence_async_shared();
         }
@@ -927,12 +954,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   } else {
     tsr_setmaxnreg_inc<232>();
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[128];
+    float acc[BM*BN / CONSUMERS];
     #pragma unroll
-    for (int frag = 0; frag < 32; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -941,9 +968,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
             1024));
       }
@@ -955,16 +982,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
     tsr_wgmma_wait<0>();
     // mlp.tsr:21: return residual(x, h @ W_out + b_out)
     #pragma unroll
-    for (int frag = 0; frag < 32; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
-          const int t = frag * 4 + reg + half;
+          const int t = frag * TSR_MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16(((BM*pid_m + i < T && BN*pid_n + j < D
               ? tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n + j]) : 0.0f)
               + (acc[t] + (BN*pid_n + j < D ? b_out[BN*pid_n + j] : 0.0f)))));
@@ -985,7 +1012,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
 }
 
 // ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
-// grid [pid_n < ceil(F/256), pid_m < ceil(T/128)], 384 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
     const unsigned char* __restrict__ x, const unsigned char* __restrict__ w,
     const float* __restrict__ bias, unsigned short* __restrict__ out, const long long T,
@@ -995,8 +1022,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 128;
-  constexpr int CONSUMERS = 256;
-  constexpr int PRODUCERS = 128;
+  constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
+  constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 32;
   constexpr int A_TILE_BYTES = BM*BK;
   constexpr int B_TILE_BYTES = BN*BK;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -1006,9 +1036,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
   unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);
   // per stage: the computing warpgroups are done with it
   unsigned long long* const tsr_free = tsr_landed + 4;
-  const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
-  const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const bool x_aligned = tsr_aligned16(x) && D % TSR_CHUNK_BYTES == 0;
+  const bool w_aligned = tsr_aligned16(w) && D % TSR_CHUNK_BYTES == 0;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -1078,7 +1108,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
           a_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-              row < T && 128 + j < D ? x[row * D + 128 + j] : 0;
+              row < T && BK + j < D ? x[row * D + BK + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -1094,7 +1124,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
           const long long row = BN*pid_n + i;
           const long long j = e - i * BK;
           b_tile_smem[1 * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-              row < F && 128 + j < D ? w[row * D + 128 + j] : 0;
+              row < F && BK + j < D ? w[row * D + BK + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -1102,13 +1132,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
           ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (w_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < D; ++kb) {
-      if (BK*kb + 256 < D) {
+      if (BK*kb + 2*BK < D) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &x_map,
-                tsr_landed + (kb + 2) % 4, BK*kb + 256, BM*pid_m);
+                tsr_landed + (kb + 2) % 4, BK*kb + 2*BK, BM*pid_m);
           }
         } else {
           #pragma unroll 1
@@ -1117,7 +1147,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
             a_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-                row < T && BK*kb + 256 + j < D ? x[row * D + BK*kb + 256 + j] : 0;
+                row < T && BK*kb + 2*BK + j < D ? x[row * D + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -1125,7 +1155,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
         if (w_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BN*BK, &w_map,
-                tsr_landed + (kb + 2) % 4, BK*kb + 256, BN*pid_n);
+                tsr_landed + (kb + 2) % 4, BK*kb + 2*BK, BN*pid_n);
           }
         } else {
           #pragma unroll 1
@@ -1134,7 +1164,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
             const long long row = BN*pid_n + i;
             const long long j = e - i * BK;
             b_tile_smem[((kb + 2) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-                row < F && BK*kb + 256 + j < D ? w[row * D + BK*kb + 256 + j] : 0;
+                row < F && BK*kb + 2*BK + j < D ? w[row * D + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -1145,12 +1175,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
   } else {
     tsr_setmaxnreg_inc<232>();
     // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[128];
+    float acc[BM*BN / CONSUMERS];
     #pragma unroll
-    for (int frag = 0; frag < 32; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -1159,10 +1189,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
       // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 32) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k32_fp8_e4m3_ss(acc,
-            tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * 64) * 128 + kk % 128,
-            16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 32768 + kk % 128, 16, 1024));
+            tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * WGMMA_M) * 128
+            + kk % 128, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 32768 + kk % 128, 16,
+            1024));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
@@ -1172,16 +1203,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
     tsr_wgmma_wait<0>();
     // mlp.tsr:31: return x @ w.T + bias
     #pragma unroll
-    for (int frag = 0; frag < 32; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
-          const int t = frag * 4 + reg + half;
+          const int t = frag * TSR_MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((acc[t] + (BN*pid_n + j < F ? bias[BN*pid_n + j] : 0.0f))));
         }
         if (BM*pid_m + i < T && BN*pid_n + j0 + 1 < F

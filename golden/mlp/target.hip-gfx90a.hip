@@ -20,6 +20,16 @@
 __device__ inline float tsr_infinity() { return INFINITY; }
 __device__ inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 64 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 32, TSR_MMA_N = 32, TSR_MMA_REGS = 16, TSR_LANE_ROWS = 16 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -68,6 +78,10 @@ typedef float tsr_floatx16 __attribute__((ext_vector_type(16)));
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -84,7 +98,7 @@ __device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) linear_gelu(
     const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
     const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
@@ -93,28 +107,31 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 8;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -122,29 +139,29 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -152,17 +169,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -171,17 +188,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + BK + i < K && BN*pid_n + j + q < N
                 ? B[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -189,37 +206,43 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 8
+            + (kk + lane / TSR_MMA_M * 4 + q) % 8];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 8 ^ (kk + lane / TSR_MMA_M * 4 + q) % 8) * 8
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 8];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // mlp.tsr:13: return gelu(matmul(A, B) + bias)
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (bias[BN*pid_n + j])))))));
@@ -228,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_gelu(
 }
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
-// grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 256 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* __restrict__ x,
     const unsigned short* __restrict__ W_in, const float* __restrict__ b_in,
     unsigned short* __restrict__ h, const long long T, const long long D, const long long F) {
@@ -236,28 +259,31 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 8;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -265,29 +291,29 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_in_aligned) {
-        const int bytes = i < D && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < D && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_in + (i * F + BN*pid_n + j) : W_in, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < D && BN*pid_n + j + q < F ? W_in[i * F + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -295,17 +321,17 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < D ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < D ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < T && BK*kb + BK + j + q < D
                 ? x[(BM*pid_m + i) * D + BK*kb + BK + j + q] : 0;
           }
@@ -314,17 +340,17 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (W_in_aligned) {
-          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < F ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? W_in + ((BK*kb + BK + i) * F + BN*pid_n + j) : W_in, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + BK + i < D && BN*pid_n + j + q < F
                 ? W_in[(BK*kb + BK + i) * F + BN*pid_n + j + q] : 0;
           }
@@ -332,37 +358,43 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 8
+            + (kk + lane / TSR_MMA_M * 4 + q) % 8];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 8 ^ (kk + lane / TSR_MMA_M * 4 + q) % 8) * 8
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 8];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           h[(BM*pid_m + i) * F + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (b_in[BN*pid_n + j])))))));
@@ -371,7 +403,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k0(const unsigned short* _
 }
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
-// grid [pid_n < ceil(D/128), pid_m < ceil(T/128)], 256 threads per program
+// grid [pid_n < ceil(D/BN), pid_m < ceil(T/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* __restrict__ h,
     const unsigned short* __restrict__ W_out, const float* __restrict__ b_out,
     const unsigned short* __restrict__ x, unsigned short* __restrict__ out, const long long T,
@@ -380,28 +412,31 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 8;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T && j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? h + ((BM*pid_m + i) * F + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && j + q < F ? h[(BM*pid_m + i) * F + j + q] : 0;
         }
       }
@@ -409,29 +444,29 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < F) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_out_aligned) {
-        const int bytes = i < F && BN*pid_n + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < F && BN*pid_n + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_out + (i * D + BN*pid_n + j) : W_out, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < F && BN*pid_n + j + q < D ? W_out[i * D + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -439,17 +474,17 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (h_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < F ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < F ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? h + ((BM*pid_m + i) * F + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < T && BK*kb + BK + j + q < F
                 ? h[(BM*pid_m + i) * F + BK*kb + BK + j + q] : 0;
           }
@@ -458,17 +493,17 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < F) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (W_out_aligned) {
-          const int bytes = BK*kb + BK + i < F && BN*pid_n + j < D ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + BK + i < F && BN*pid_n + j < D ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? W_out + ((BK*kb + BK + i) * D + BN*pid_n + j) : W_out, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + BK + i < F && BN*pid_n + j + q < D
                 ? W_out[(BK*kb + BK + i) * D + BN*pid_n + j + q] : 0;
           }
@@ -476,37 +511,43 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < F - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 8
+            + (kk + lane / TSR_MMA_M * 4 + q) % 8];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 8 ^ (kk + lane / TSR_MMA_M * 4 + q) % 8) * 8
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 8];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // mlp.tsr:21: return residual(x, h @ W_out + b_out)
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < T && BN*pid_n + j < D)
           out[(BM*pid_m + i) * D + BN*pid_n + j] =
           tsr_float_to_bf16((tsr_round_bf16(((tsr_bf16_to_float(x[(BM*pid_m + i) * D + BN*pid_n
@@ -516,7 +557,7 @@ extern "C" __global__ void __launch_bounds__(256) mlp_k1(const unsigned short* _
 }
 
 // ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
-// grid [pid_n < ceil(F/128), pid_m < ceil(T/128)], 256 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char* __restrict__ x,
     const unsigned char* __restrict__ w, const float* __restrict__ bias,
     unsigned short* __restrict__ out, const long long T, const long long D, const long long F) {
@@ -524,28 +565,32 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 64;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 16384);
-  const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
-  const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const bool x_aligned = tsr_aligned16(x) && D % TSR_CHUNK_BYTES == 0;
+  const bool w_aligned = tsr_aligned16(w) && D % TSR_CHUNK_BYTES == 0;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          a_tile_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < T && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -553,25 +598,26 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BN*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = BN*pid_n + i < F && j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((BN*pid_n + i) * D + j) : w, bytes);
+        const int bytes = BN*pid_n + i < F && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((BN*pid_n + i) * D + j) : w, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          b_tile_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BN*pid_n + i < F && j + q < D ? w[(BN*pid_n + i) * D + j + q] : 0;
         }
       }
     }
   }
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -581,18 +627,21 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 16;
+      for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+        const int i = e / (BK / TSR_CHUNK_BYTES);
+        const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < D ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16
-              + j % 16), bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
+          const int bytes = BM*pid_m + i < T && BK*kb + BK + j < D ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK
+              + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
-                + (j + q) % 16] = BM*pid_m + i < T && BK*kb + BK + j + q < D
+          for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK
+                + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+                + (j + q) % TSR_CHUNK_BYTES] =
+                BM*pid_m + i < T && BK*kb + BK + j + q < D
                 ? x[(BM*pid_m + i) * D + BK*kb + BK + j + q] : 0;
           }
         }
@@ -600,18 +649,21 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 16;
+      for (int e = lid; e < BN*BK / TSR_CHUNK_BYTES; e += THREADS) {
+        const int i = e / (BK / TSR_CHUNK_BYTES);
+        const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (w_aligned) {
-          const int bytes = BN*pid_n + i < F && BK*kb + BK + j < D ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16
-              + j % 16), bytes ? w + ((BN*pid_n + i) * D + BK*kb + BK + j) : w, bytes);
+          const int bytes = BN*pid_n + i < F && BK*kb + BK + j < D ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BN + i) * BK
+              + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
+              bytes ? w + ((BN*pid_n + i) * D + BK*kb + BK + j) : w, bytes);
         } else {
           #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
-                + (j + q) % 16] = BN*pid_n + i < F && BK*kb + BK + j + q < D
+          for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+            b_tile_smem[((kb + 1) % 2 * BN + i) * BK
+                + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+                + (j + q) % TSR_CHUNK_BYTES] =
+                BN*pid_n + i < F && BK*kb + BK + j + q < D
                 ? w[(BN*pid_n + i) * D + BK*kb + BK + j + q] : 0;
           }
         }
@@ -619,23 +671,23 @@ extern "C" __global__ void __launch_bounds__(256) linear_fp8(const unsigned char
     }
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 2 * 128 + ty + r * 16) * 64
-          + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16]);
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[((kb) % 2 * BM + ty + r * TY) * BK
+          + (kk / TSR_CHUNK_BYTES ^ (ty + r * TY) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES]);
       for (int c = 0; c < 8; ++c)
-          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 2 * 128 + tx + c * 16) * 64
-          + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[((kb) % 2 * BN + tx + c * TX) * BK
+          + (kk / TSR_CHUNK_BYTES ^ (tx + c * TX) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // mlp.tsr:31: return x @ w.T + bias
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           out[(BM*pid_m + i) * F + BN*pid_n + j] =

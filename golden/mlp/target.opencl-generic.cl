@@ -20,6 +20,12 @@
 inline float tsr_infinity() { return INFINITY; }
 inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(ushort bits) {
@@ -57,6 +63,10 @@ inline float tsr_gelu(float x) {
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -73,7 +83,7 @@ inline void tsr_copy16(__local void* dst, __global const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- linear_gelu: launch k0 of linear_gelu: the library's gemm
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void linear_gelu(__global const ushort* restrict A, __global const ushort* restrict B,
     __global const float* restrict bias, __global ushort* restrict out, const long M,
@@ -82,18 +92,21 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 32 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -102,31 +115,31 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -134,23 +147,23 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:13: return gelu(matmul(A, B) + bias)
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
@@ -160,7 +173,7 @@ void linear_gelu(__global const ushort* restrict A, __global const ushort* restr
 }
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
-// grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W_in,
     __global const float* restrict b_in, __global ushort* restrict h, const long T, const long D,
@@ -169,18 +182,21 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 32 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -189,31 +205,31 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
   for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_in_aligned) {
-        const int bytes = BK*kb + i < D && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < D && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_in + ((BK*kb + i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < D && BN*pid_n + j + q < F ? W_in[(BK*kb + i) * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -221,23 +237,23 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           h[(BM*pid_m + i) * F + BN*pid_n + j] =
@@ -247,7 +263,7 @@ void mlp_k0(__global const ushort* restrict x, __global const ushort* restrict W
 }
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
-// grid [pid_n < ceil(D/64), pid_m < ceil(T/64)], 128 threads per program
+// grid [pid_n < ceil(D/BN), pid_m < ceil(T/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W_out,
     __global const float* restrict b_out, __global const ushort* restrict x,
@@ -256,18 +272,21 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 32 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -276,31 +295,31 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
   for (long kb = 0; kb * BK < F; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T && BK*kb + j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && BK*kb + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? h + ((BM*pid_m + i) * F + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && BK*kb + j + q < F ? h[(BM*pid_m + i) * F + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_out_aligned) {
-        const int bytes = BK*kb + i < F && BN*pid_n + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < F && BN*pid_n + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_out + ((BK*kb + i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < F && BN*pid_n + j + q < D ? W_out[(BK*kb + i) * D + BN*pid_n + j + q]
               : 0;
         }
@@ -309,23 +328,23 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:21: return residual(x, h @ W_out + b_out)
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < D)
           out[(BM*pid_m + i) * D + BN*pid_n + j] =
@@ -336,7 +355,7 @@ void mlp_k1(__global const ushort* restrict h, __global const ushort* restrict W
 }
 
 // ---- linear_fp8: launch k0 of linear_fp8: the library's gemm_nt
-// grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict w,
     __global const float* restrict bias, __global ushort* restrict out, const long T,
@@ -345,18 +364,21 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 64 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local uchar* const a_tile_smem = (__local uchar*)(tsr_smem + 0);
   __local uchar* const b_tile_smem = (__local uchar*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
-  const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
-  const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
+  const int tx = lid % TX, ty = lid / TX;
+  const bool x_aligned = tsr_aligned16(x) && D % TSR_CHUNK_BYTES == 0;
+  const bool w_aligned = tsr_aligned16(w) && D % TSR_CHUNK_BYTES == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -365,31 +387,33 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
   for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
-        for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          a_tile_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < T && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BN*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = BN*pid_n + i < F && BK*kb + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((BN*pid_n + i) * D + BK*kb + j) : w, bytes);
+        const int bytes = BN*pid_n + i < F && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((BN*pid_n + i) * D + BK*kb + j) : w, bytes);
       } else {
-        for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          b_tile_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BN*pid_n + i < F && BK*kb + j + q < D ? w[(BN*pid_n + i) * D + BK*kb + j + q] : 0;
         }
       }
@@ -397,23 +421,23 @@ void linear_fp8(__global const uchar* restrict x, __global const uchar* restrict
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64
-          + (kk / 16 ^ (ty + r * 8) % 4) * 16 + kk % 16]);
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / TSR_CHUNK_BYTES ^ (ty + r * TY) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[(tx + c * 16) * 64
-          + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[(tx + c * TX) * BK
+          + (kk / TSR_CHUNK_BYTES ^ (tx + c * TX) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:31: return x @ w.T + bias
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           out[(BM*pid_m + i) * F + BN*pid_n + j] =

@@ -22,6 +22,12 @@
 inline float tsr_infinity() { return INFINITY; }
 inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(unsigned short bits) {
@@ -65,6 +71,10 @@ inline float tsr_gelu(float x) {
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -81,7 +91,7 @@ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- linear_gelu_k0: launch k0 of linear_gelu: the library's gemm
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void linear_gelu_k0(const unsigned short* __restrict__ A,
     const unsigned short* __restrict__ B, const float* __restrict__ bias,
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
@@ -90,17 +100,20 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -109,31 +122,31 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -141,23 +154,23 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:13: return gelu(matmul(A, B) + bias)
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
@@ -167,7 +180,7 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
 }
 
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
-// grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 128 threads per program
 inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in,
     const float* __restrict__ b_in, unsigned short* __restrict__ h, const long long T,
     const long long D, const long long F, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -175,17 +188,20 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && D % 8 == 0;
   const bool W_in_aligned = tsr_aligned16(W_in) && F % 8 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -194,31 +210,31 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
   for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_in_aligned) {
-        const int bytes = BK*kb + i < D && BN*pid_n + j < F ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < D && BN*pid_n + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_in + ((BK*kb + i) * F + BN*pid_n + j) : W_in, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < D && BN*pid_n + j + q < F ? W_in[(BK*kb + i) * F + BN*pid_n + j + q] : 0;
         }
       }
@@ -226,23 +242,23 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:20: h = cast(gelu(x @ W_in + b_in), bf16)          # [T, F]
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           h[(BM*pid_m + i) * F + BN*pid_n + j] =
@@ -252,7 +268,7 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
 }
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
-// grid [pid_n < ceil(D/64), pid_m < ceil(T/64)], 128 threads per program
+// grid [pid_n < ceil(D/BN), pid_m < ceil(T/BM)], 128 threads per program
 inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* __restrict__ W_out,
     const float* __restrict__ b_out, const unsigned short* __restrict__ x,
     unsigned short* __restrict__ out, const long long T, const long long F, const long long D,
@@ -261,17 +277,20 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool h_aligned = tsr_aligned16(h) && F % 8 == 0;
   const bool W_out_aligned = tsr_aligned16(W_out) && D % 8 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -280,31 +299,31 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
   for (long long kb = 0; kb * BK < F; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (h_aligned) {
-        const int bytes = BM*pid_m + i < T && BK*kb + j < F ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < T && BK*kb + j < F ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? h + ((BM*pid_m + i) * F + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < T && BK*kb + j + q < F ? h[(BM*pid_m + i) * F + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (W_out_aligned) {
-        const int bytes = BK*kb + i < F && BN*pid_n + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < F && BN*pid_n + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? W_out + ((BK*kb + i) * D + BN*pid_n + j) : W_out, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < F && BN*pid_n + j + q < D ? W_out[(BK*kb + i) * D + BN*pid_n + j + q]
               : 0;
         }
@@ -313,23 +332,23 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < F - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:21: return residual(x, h @ W_out + b_out)
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < D)
           out[(BM*pid_m + i) * D + BN*pid_n + j] =
@@ -340,7 +359,7 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
 }
 
 // ---- linear_fp8_k0: launch k0 of linear_fp8: the library's gemm_nt
-// grid [pid_n < ceil(F/64), pid_m < ceil(T/64)], 128 threads per program
+// grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 128 threads per program
 inline void linear_fp8_k0(const unsigned char* __restrict__ x,
     const unsigned char* __restrict__ w, const float* __restrict__ bias,
     unsigned short* __restrict__ out, const long long T, const long long D, const long long F,
@@ -349,17 +368,20 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 64;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned char* const a_tile_smem = (unsigned char*)(tsr_smem + 0);
   unsigned char* const b_tile_smem = (unsigned char*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
-  const bool x_aligned = tsr_aligned16(x) && D % 16 == 0;
-  const bool w_aligned = tsr_aligned16(w) && D % 16 == 0;
+  const int tx = lid % TX, ty = lid / TX;
+  const bool x_aligned = tsr_aligned16(x) && D % TSR_CHUNK_BYTES == 0;
+  const bool w_aligned = tsr_aligned16(w) && D % TSR_CHUNK_BYTES == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -368,31 +390,33 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
   for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
+        const int bytes = BM*pid_m + i < T && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
-        for (int q = 0; q < 16; ++q) {
-          a_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          a_tile_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < T && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BN*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = BN*pid_n + i < F && BK*kb + j < D ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((BN*pid_n + i) * D + BK*kb + j) : w, bytes);
+        const int bytes = BN*pid_n + i < F && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((BN*pid_n + i) * D + BK*kb + j) : w, bytes);
       } else {
-        for (int q = 0; q < 16; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          b_tile_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BN*pid_n + i < F && BK*kb + j + q < D ? w[(BN*pid_n + i) * D + BK*kb + j + q] : 0;
         }
       }
@@ -400,23 +424,23 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * 8) * 64
-          + (kk / 16 ^ (ty + r * 8) % 4) * 16 + kk % 16]);
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_fp8_e4m3_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / TSR_CHUNK_BYTES ^ (ty + r * TY) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[(tx + c * 16) * 64
-          + (kk / 16 ^ (tx + c * 16) % 4) * 16 + kk % 16]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_fp8_e4m3_to_float(b_tile_smem[(tx + c * TX) * BK
+          + (kk / TSR_CHUNK_BYTES ^ (tx + c * TX) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // mlp.tsr:31: return x @ w.T + bias
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < T && BN*pid_n + j < F)
           out[(BM*pid_m + i) * F + BN*pid_n + j] =

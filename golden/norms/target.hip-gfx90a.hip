@@ -20,6 +20,12 @@
 __device__ inline float tsr_infinity() { return INFINITY; }
 __device__ inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 64 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -69,12 +75,12 @@ __device__ inline float tsr_group_max(float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- row_softmax: launch k0 of row_softmax: the library's softmax
-// grid [pid_m < ceil(R/4)], 256 threads per program
+// grid [pid_m < ceil(R/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) row_softmax(const float* __restrict__ x,
     float* __restrict__ out, const long long R, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
@@ -105,13 +111,13 @@ extern "C" __global__ void __launch_bounds__(256) row_softmax(const float* __res
 }
 
 // ---- pre_norm: launch k0 of pre_norm: the library's layernorm
-// grid [pid_m < ceil(T/4)], 256 threads per program
+// grid [pid_m < ceil(T/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) pre_norm(const unsigned short* __restrict__ x,
     const float* __restrict__ gamma, const float* __restrict__ beta,
     unsigned short* __restrict__ out, const long long T, const long long D) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-05f;
@@ -171,13 +177,13 @@ extern "C" __global__ void __launch_bounds__(256) pre_norm(const unsigned short*
 }
 
 // ---- rms: launch k0 of rms: the library's rmsnorm
-// grid [pid_m < ceil(T/4)], 256 threads per program
+// grid [pid_m < ceil(T/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) rms(const float* __restrict__ x,
     const float* __restrict__ weight, float* __restrict__ out, const long long T,
     const long long D) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const float eps = 1e-06f;
@@ -220,14 +226,14 @@ extern "C" __global__ void __launch_bounds__(256) rms(const float* __restrict__ 
 }
 
 // ---- add_rms: launch k0 of add_rms: the library's rmsnorm
-// grid [pid_m < ceil(S/4), pid_b0 < B], 256 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < B], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) add_rms(const float* __restrict__ x,
     const float* __restrict__ residual, const float* __restrict__ weight, float* __restrict__ out,
     const long long B, const long long S, const long long D) {
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;

@@ -20,6 +20,12 @@
 inline float tsr_infinity() { return INFINITY; }
 inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(ushort bits) {
@@ -69,13 +75,13 @@ inline float tsr_group_max(__local float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- row_softmax: launch k0 of row_softmax: the library's softmax
-// grid [pid_m < ceil(R/4)], 128 threads per program
+// grid [pid_m < ceil(R/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void row_softmax(__global const float* restrict x, __global float* restrict out, const long R,
     const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
@@ -103,14 +109,14 @@ void row_softmax(__global const float* restrict x, __global float* restrict out,
 }
 
 // ---- pre_norm: launch k0 of pre_norm: the library's layernorm
-// grid [pid_m < ceil(T/4)], 128 threads per program
+// grid [pid_m < ceil(T/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void pre_norm(__global const ushort* restrict x, __global const float* restrict gamma,
     __global const float* restrict beta, __global ushort* restrict out, const long T,
     const long D) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const float eps = 1e-05f;
@@ -163,13 +169,13 @@ void pre_norm(__global const ushort* restrict x, __global const float* restrict 
 }
 
 // ---- rms: launch k0 of rms: the library's rmsnorm
-// grid [pid_m < ceil(T/4)], 128 threads per program
+// grid [pid_m < ceil(T/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void rms(__global const float* restrict x, __global const float* restrict weight,
     __global float* restrict out, const long T, const long D) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const float eps = 1e-06f;
@@ -207,7 +213,7 @@ void rms(__global const float* restrict x, __global const float* restrict weight
 }
 
 // ---- add_rms: launch k0 of add_rms: the library's rmsnorm
-// grid [pid_m < ceil(S/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < B], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void add_rms(__global const float* restrict x, __global const float* restrict residual,
     __global const float* restrict weight, __global float* restrict out, const long B,
@@ -215,7 +221,7 @@ void add_rms(__global const float* restrict x, __global const float* restrict re
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);

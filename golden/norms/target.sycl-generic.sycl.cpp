@@ -22,6 +22,12 @@
 inline float tsr_infinity() { return INFINITY; }
 inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(unsigned short bits) {
@@ -72,12 +78,12 @@ inline float tsr_group_max(const sycl::nd_item<3>& it, float* scratch, float val
 // end of the Tessera tile primitives
 
 // ---- row_softmax_k0: launch k0 of row_softmax: the library's softmax
-// grid [pid_m < ceil(R/4)], 128 threads per program
+// grid [pid_m < ceil(R/BM)], 128 threads per program
 inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
     const long long R, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // softmax.tsr:10: e = tile.exp(rows - tile.max(rows, axis=1)[:, None])
   float row_max[BM];
@@ -104,13 +110,13 @@ inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
 }
 
 // ---- pre_norm_k0: launch k0 of pre_norm: the library's layernorm
-// grid [pid_m < ceil(T/4)], 128 threads per program
+// grid [pid_m < ceil(T/BM)], 128 threads per program
 inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __restrict__ gamma,
     const float* __restrict__ beta, unsigned short* __restrict__ out, const long long T,
     const long long D, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const float eps = 1e-05f;
   // layernorm.tsr:11: n = float(x.shape[-1])
@@ -162,13 +168,13 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
 }
 
 // ---- rms_k0: launch k0 of rms: the library's rmsnorm
-// grid [pid_m < ceil(T/4)], 128 threads per program
+// grid [pid_m < ceil(T/BM)], 128 threads per program
 inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight,
     float* __restrict__ out, const long long T, const long long D, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const float eps = 1e-06f;
   // rmsnorm.tsr:9: mean_square = tile.sum(rows * rows, axis=1) / float(x.shape[-1])
@@ -205,14 +211,14 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
 }
 
 // ---- add_rms_k0: launch k0 of add_rms: the library's rmsnorm
-// grid [pid_m < ceil(S/4), pid_b0 < B], 128 threads per program
+// grid [pid_m < ceil(S/BM), pid_b0 < B], 128 threads per program
 inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ residual,
     const float* __restrict__ weight, float* __restrict__ out, const long long B,
     const long long S, const long long D, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float eps = 1e-06f;

@@ -12,6 +12,14 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -31,14 +39,14 @@ __device__ inline float tsr_round_bf16(float value) {
 // end of the Tessera tile primitives
 
 // ---- adamw: launch k0 of adamw: the library's elementwise
-// grid [pid_m < ceil(N/1024)], 256 threads per program
+// grid [pid_m < ceil(N/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) adamw(const float* __restrict__ state_m,
     const float* __restrict__ dw, const float* __restrict__ state_v, const long long step_1,
     const float lr, const float* __restrict__ w, float* __restrict__ out1,
     float* __restrict__ out2, float* __restrict__ out0, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // optimizer_step.tsr:12: return fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.01)
   float total[4];
@@ -84,7 +92,7 @@ extern "C" __global__ void __launch_bounds__(256) adamw(const float* __restrict_
 }
 
 // ---- adamw_bf16: launch k0 of adamw_bf16: the library's elementwise
-// grid [pid_m < ceil(N/1024)], 256 threads per program
+// grid [pid_m < ceil(N/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) adamw_bf16(
     const unsigned short* __restrict__ dw, const float* __restrict__ state_m,
     const float* __restrict__ state_v, const long long step_1, const float lr,
@@ -92,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(256) adamw_bf16(
     float* __restrict__ out1, unsigned short* __restrict__ out0, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // optimizer_step.tsr:18: return fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.01)
   float total[4];

@@ -12,6 +12,14 @@
 // read and written with vload_half / vstore_half_rte, which need no extension).
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(ushort bits) {
@@ -31,7 +39,7 @@ inline float tsr_round_bf16(float value) {
 // end of the Tessera tile primitives
 
 // ---- adamw: launch k0 of adamw: the library's elementwise
-// grid [pid_m < ceil(N/1024)], 256 threads per program
+// grid [pid_m < ceil(N/BM)], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void adamw(__global const float* restrict state_m, __global const float* restrict dw,
     __global const float* restrict state_v, const long step_1, const float lr,
@@ -39,7 +47,7 @@ void adamw(__global const float* restrict state_m, __global const float* restric
     __global float* restrict out2, __global float* restrict out0, const long N) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
-  enum { THREADS = 256 };
+  enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   // optimizer_step.tsr:12: return fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.01)
   float total[4];
@@ -80,7 +88,7 @@ void adamw(__global const float* restrict state_m, __global const float* restric
 }
 
 // ---- adamw_bf16: launch k0 of adamw_bf16: the library's elementwise
-// grid [pid_m < ceil(N/1024)], 256 threads per program
+// grid [pid_m < ceil(N/BM)], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void adamw_bf16(__global const ushort* restrict dw, __global const float* restrict state_m,
     __global const float* restrict state_v, const long step_1, const float lr,
@@ -89,7 +97,7 @@ void adamw_bf16(__global const ushort* restrict dw, __global const float* restri
     const long N) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
-  enum { THREADS = 256 };
+  enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   // optimizer_step.tsr:18: return fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.01)
   float total[4];

@@ -19,6 +19,18 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 16, TSR_MMA_N = 8, TSR_MMA_REGS = 4, TSR_LANE_ROWS = 2 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -90,6 +102,10 @@ __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsign
 }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -330,12 +346,12 @@ __device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long
 // end of the Tessera tile primitives
 
 // ---- quantize_weights_k0: launch k0 of quantize_weights: the library's elementwise
-// grid [pid_m < ceil(N/1024)], 256 threads per program
+// grid [pid_m < ceil(N/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(
     const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long long e = lid; e < BM; e += THREADS) {
@@ -344,13 +360,13 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k0(
 }
 
 // ---- quantize_weights_k1: launch k1 of quantize_weights: the library's elementwise
-// grid [pid_m < ceil(K/4)], 128 threads per program
+// grid [pid_m < ceil(K/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const float* __restrict__ w,
     const float* __restrict__ t0, signed char* __restrict__ out, const long long K,
     const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
@@ -365,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(128) quantize_weights_k1(const floa
 }
 
 // ---- w8a16: tile kernel w8a16
-// grid [pid_n < ceil(N/256), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __restrict__ x,
     const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out,
     const long long M, const long long K, const long long N) {
@@ -373,22 +389,24 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 64;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_K = 16;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 65536);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const bool w_aligned = tsr_aligned16(w) && N % TSR_CHUNK_BYTES == 0;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
@@ -403,17 +421,19 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
   if (0 < K) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 16;
+    for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BN / TSR_CHUNK_BYTES);
+      const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 256 + (j / 16 ^ i % 8) * 16 + j % 16),
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem
+            + (i * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
             bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem[i * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -421,50 +441,52 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   }
   tsr_copy_commit();
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-  if (64 < K) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+  if (BK < K) {
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 64 + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && BK + j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
+            bytes ? x + ((BM*pid_m + i) * K + BK + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
           a_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              BM*pid_m + i < M && 64 + j + q < K ? x[(BM*pid_m + i) * K + 64 + j + q] : 0;
+              BM*pid_m + i < M && BK + j + q < K ? x[(BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
-  if (64 < K) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 16;
+  if (BK < K) {
+    for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BN / TSR_CHUNK_BYTES);
+      const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = 64 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16),
-            bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
+        const int bytes = BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem
+            + ((1 * BK + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((BK + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
-              64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem[(1 * BK + i) * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
+              BK + i < K && BN*pid_n + j + q < N ? w[(BK + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // quant_linear.tsr:28: for kb in tile.range_n(x.shape[-1], T.k, prefetch=2):
-  float acc[128];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -473,88 +495,91 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     tsr_fence_async_shared();
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    if (BK*kb + 128 < K) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 8;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 128 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + 2*BK + j < K ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8
-              + j % 8), bytes ? x + ((BM*pid_m + i) * K + BK*kb + 128 + j) : x, bytes);
+              + j % 8), bytes ? x + ((BM*pid_m + i) * K + BK*kb + 2*BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
             a_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 128 + j + q < K
-                ? x[(BM*pid_m + i) * K + BK*kb + 128 + j + q] : 0;
+                BM*pid_m + i < M && BK*kb + 2*BK + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
-    if (BK*kb + 128 < K) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 16;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
+        const int i = e / (BN / TSR_CHUNK_BYTES);
+        const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (w_aligned) {
-          const int bytes = BK*kb + 128 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(operand_smem
-              + (((kb + 2) % 4 * 64 + i) * 256 + (j / 16 ^ i % 8) * 16 + j % 16),
-              bytes ? w + ((BK*kb + 128 + i) * N + BN*pid_n + j) : w, bytes);
+              + (((kb + 2) % 4 * BK + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES), bytes ? w + ((BK*kb + 2*BK + i) * N + BN*pid_n + j) : w,
+              bytes);
         } else {
           #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 2) % 4 * 64 + i) * 256 + ((j + q) / 16 ^ i % 8) * 16
-                + (j + q) % 16] = BK*kb + 128 + i < K && BN*pid_n + j + q < N
-                ? w[(BK*kb + 128 + i) * N + BN*pid_n + j + q] : 0;
+          for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+            operand_smem[((kb + 2) % 4 * BK + i) * BN
+                + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+                + (j + q) % TSR_CHUNK_BYTES] =
+                BK*kb + 2*BK + i < K && BN*pid_n + j + q < N
+                ? w[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
-          a_smem + ((kb % 4) * 8192 + (wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 64
-          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-          + (kk + lane / 16 * 8) % 8));
+          a_smem + ((kb % 4) * 8192 + (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * 64
+          + ((kk + lane / 8 / 2 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
+          + (kk + lane / 8 / 2 * 8) % 8));
       #pragma unroll
-      for (int fn = 0; fn < 32; ++fn) {
+      for (int fn = 0; fn < BN / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4
-            * 64 + kk + lane % 4 * 2) * 256
-            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2) % 8) * 16
-            + (fn * 8 + lane / 4) % 16]))),
-            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk
-            + lane % 4 * 2 + 1) * 256
-            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 1) % 8) * 16
-            + (fn * 8 + lane / 4) % 16]))));
+            * BK + kk + lane % 4 * 2) * BN
+            + ((fn * TSR_MMA_N + lane / 4) / TSR_CHUNK_BYTES ^ (kk + lane % 4 * 2) % 8)
+            * TSR_CHUNK_BYTES + (fn * TSR_MMA_N + lane / 4) % TSR_CHUNK_BYTES]))),
+            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * BK + kk
+            + lane % 4 * 2 + 1) * BN
+            + ((fn * TSR_MMA_N + lane / 4) / TSR_CHUNK_BYTES ^ (kk + lane % 4 * 2 + 1) % 8)
+            * TSR_CHUNK_BYTES + (fn * TSR_MMA_N + lane / 4) % TSR_CHUNK_BYTES]))));
         b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4
-            * 64 + kk + lane % 4 * 2 + 8) * 256
-            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8) % 8) * 16
-            + (fn * 8 + lane / 4) % 16]))),
-            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * 64 + kk
-            + lane % 4 * 2 + 8 + 1) * 256
-            + ((fn * 8 + lane / 4) / 16 ^ (kk + lane % 4 * 2 + 8 + 1) % 8) * 16
-            + (fn * 8 + lane / 4) % 16]))));
-        tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_frag[0], b_frag);
+            * BK + kk + lane % 4 * 2 + 8) * BN
+            + ((fn * TSR_MMA_N + lane / 4) / TSR_CHUNK_BYTES ^ (kk + lane % 4 * 2 + 8) % 8)
+            * TSR_CHUNK_BYTES + (fn * TSR_MMA_N + lane / 4) % TSR_CHUNK_BYTES]))),
+            tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 4 * BK + kk
+            + lane % 4 * 2 + 8 + 1) * BN
+            + ((fn * TSR_MMA_N + lane / 4) / TSR_CHUNK_BYTES ^ (kk + lane % 4 * 2 + 8 + 1) % 8)
+            * TSR_CHUNK_BYTES + (fn * TSR_MMA_N + lane / 4) % TSR_CHUNK_BYTES]))));
+        tsr_mma_m16n8k16_bf16(&acc[fn * TSR_MMA_REGS], a_frag[0], b_frag);
       }
     }
   }
   // quant_linear.tsr:32: return acc * tile.load(scale, cols=T.n)[None, :]
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 32 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (acc[t] * (BN*pid_n + j < N ? scale[BN*pid_n + j] : 0.0f));
       }
       if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -571,14 +596,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
 }
 
 // ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
-// grid [pid_m < ceil(32/4), pid_b0 < K/32], 128 threads per program
+// grid [pid_m < ceil(32/BM), pid_b0 < K/32], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
     const signed char* __restrict__ w, const float* __restrict__ scale,
     unsigned short* __restrict__ t4, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
@@ -594,7 +619,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
 }
 
 // ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
-// grid [pid_n < ceil(N/256), pid_m < ceil(M/128)], 384 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
     const unsigned short* __restrict__ t4, const unsigned short* __restrict__ x,
     float* __restrict__ out, const long long K, const long long N, const long long M,
@@ -603,8 +628,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
   constexpr int BM = 128;
   constexpr int BN = 256;
   constexpr int BK = 64;
-  constexpr int CONSUMERS = 256;
-  constexpr int PRODUCERS = 128;
+  constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
+  constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -616,7 +644,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
   unsigned long long* const tsr_free = tsr_landed + 4;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -676,7 +704,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
           ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (t4_aligned ? B_TILE_BYTES : 0) : 0);
     }
-    if (64 < K) {
+    if (BK < K) {
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
@@ -689,7 +717,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
           a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-              row < M && 64 + j < K ? x[row * K + 64 + j] : 0;
+              row < M && BK + j < K ? x[row * K + BK + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -709,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
           b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              64 + i < K && col < N ? t4[(64 + i) * N + col] : 0;
+              BK + i < K && col < N ? t4[(BK + i) * N + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -717,13 +745,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (t4_aligned ? B_TILE_BYTES : 0) : 0);
     }
     for (long long kb = 0; kb * BK < K; ++kb) {
-      if (BK*kb + 128 < K) {
+      if (BK*kb + 2*BK < K) {
         if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
         // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
         if (x_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &x_map,
-                tsr_landed + (kb + 2) % 4, BK*kb + 128, BM*pid_m);
+                tsr_landed + (kb + 2) % 4, BK*kb + 2*BK, BM*pid_m);
           }
         } else {
           #pragma unroll 1
@@ -732,7 +760,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
             a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
-                row < M && BK*kb + 128 + j < K ? x[row * K + BK*kb + 128 + j] : 0;
+                row < M && BK*kb + 2*BK + j < K ? x[row * K + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -740,13 +768,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
         if (t4_aligned) {
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 2*BK);
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 128);
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 2*BK);
           }
         } else {
           #pragma unroll 1
@@ -755,7 +783,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
             b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 128 + i < K && col < N ? t4[(BK*kb + 128 + i) * N + col] : 0;
+                + j % 8] = BK*kb + 2*BK + i < K && col < N ? t4[(BK*kb + 2*BK + i) * N + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -766,12 +794,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
   } else {
     tsr_setmaxnreg_inc<232>();
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[128];
+    float acc[BM*BN / CONSUMERS];
     #pragma unroll
-    for (int frag = 0; frag < 32; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -780,9 +808,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * 64) * 64
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
             1024));
       }
@@ -793,15 +821,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();
     #pragma unroll
-    for (int frag = 0; frag < 32; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 32 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int t = frag * 4 + reg + half;
+          const int t = frag * TSR_MMA_REGS + reg + half;
           pair[half] = acc[t];
         }
         if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -819,13 +847,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
 }
 
 // ---- quantize_i4_k0: launch k0 of quantize_i4: the library's elementwise
-// grid [pid_m < ceil(1/4), pid_b0 < K/32], 128 threads per program
+// grid [pid_m < ceil(1/BM), pid_b0 < K/32], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __restrict__ scale,
     float* __restrict__ t2, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
@@ -839,14 +867,14 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k0(const float* __
 }
 
 // ---- quantize_i4_k1: launch k1 of quantize_i4: the library's elementwise
-// grid [pid_m < ceil(32/4), pid_b0 < K/32], 128 threads per program
+// grid [pid_m < ceil(32/BM), pid_b0 < K/32], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __restrict__ w,
     const float* __restrict__ t2, signed char* __restrict__ out, const long long K,
     const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
@@ -865,27 +893,29 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __
 }
 
 // ---- w4a16: tile kernel w4a16
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __restrict__ x,
     const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out,
     const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_K = 16;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 32768 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 32*BM / 8; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
@@ -899,17 +929,17 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   }
   tsr_copy_commit();
   if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 32*BM / 8; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && 32 + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_smem + ((1 * BM + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_smem[(1 * BM + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
         }
       }
@@ -917,12 +947,12 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   }
   tsr_copy_commit();
   // quant_linear.tsr:51: for kb in tile.range_n(x.shape[-1], 32):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+  for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -932,17 +962,17 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
     if (32*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
+      for (int e = lid; e < 32*BM / 8; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 32*kb + 64 + j < K ? 16 : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 4 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && 32*kb + 64 + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 4 * BM + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 4 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_smem[((kb + 2) % 4 * BM + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && 32*kb + 64 + j + q < K
                 ? x[(BM*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
           }
@@ -951,58 +981,59 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     }
     tsr_copy_commit();
     // quant_linear.tsr:55: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 16) {
+    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += MMA_K) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
-          a_smem + ((kb % 4 * 128 + wave * 16 + lane / 8 % 2 * 8 + lane % 8) * 32
-          + ((kk + lane / 16 * 8) / 8 ^ (wave * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
-          + (kk + lane / 16 * 8) % 8));
+          a_smem + ((kb % 4 * BM + wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * 32
+          + ((kk + lane / 8 / 2 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+          + (kk + lane / 8 / 2 * 8) % 8));
       #pragma unroll
-      for (int fn = 0; fn < 16; ++fn) {
+      for (int fn = 0; fn < BN / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K
-            && BN*pid_n + fn * 8 + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * 8 + lane / 4)
-            >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * 8 + lane / 4) & 1)
-            * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))),
+            && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * TSR_MMA_N
+            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * TSR_MMA_N
+            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))),
             tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K
-            && BN*pid_n + fn * 8 + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * 8
-            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * 8
-            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))));
+            && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * TSR_MMA_N
+            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n
+            + fn * TSR_MMA_N + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
         b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8
-            < K && BN*pid_n + fn * 8 + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * 8
-            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * 8
-            + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))),
+            < K && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * TSR_MMA_N
+            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n
+            + fn * TSR_MMA_N + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))),
             tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K
-            && BN*pid_n + fn * 8 + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * 8
-            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * 8
+            && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n
+            + fn * TSR_MMA_N + lane / 4) >> 1]
+            >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * TSR_MMA_N
             + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * 8 + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * 8 + lane / 4] : 0.0f)))));
-        tsr_mma_m16n8k16_bf16(&acc[fn * 4], a_frag[0], b_frag);
+            * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
+        tsr_mma_m16n8k16_bf16(&acc[fn * TSR_MMA_REGS], a_frag[0], b_frag);
       }
     }
   }
   // quant_linear.tsr:51: for kb in tile.range_n(x.shape[-1], 32):
   #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+  for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 16 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = acc[t];
       }
       if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -1019,7 +1050,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
 }
 
 // ---- w8a8: tile kernel w8a8
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __restrict__ x,
     const signed char* __restrict__ w, const float* __restrict__ x_scale,
     const float* __restrict__ w_scale, float* __restrict__ out, const long long M,
@@ -1027,46 +1058,53 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 65536 bytes, given at launch
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 32768);
-  const bool x_aligned = tsr_aligned16(x) && K % 16 == 0;
-  const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const bool x_aligned = tsr_aligned16(x) && K % TSR_CHUNK_BYTES == 0;
+  const bool w_aligned = tsr_aligned16(w) && N % TSR_CHUNK_BYTES == 0;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
   //   cols=T.n)), f32)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
       const int i = e / 4;
-      const int j = e % 4 * 16;
+      const int j = e % 4 * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem
+            + (i * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem[i * 64 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 16;
+    for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BN / TSR_CHUNK_BYTES);
+      const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem_1
+            + (i * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
             bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem_1[i * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -1074,34 +1112,38 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   }
   tsr_copy_commit();
   if (64 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
       const int i = e / 4;
-      const int j = e % 4 * 16;
+      const int j = e % 4 * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 64 + j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((1 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 64 + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem
+            + ((1 * BM + i) * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem[(1 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem[(1 * BM + i) * 64 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < M && 64 + j + q < K ? x[(BM*pid_m + i) * K + 64 + j + q] : 0;
         }
       }
     }
   }
   if (64 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 16;
+    for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BN / TSR_CHUNK_BYTES);
+      const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = 64 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + ((1 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
-            bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
+        const int bytes = 64 + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem_1
+            + ((1 * 64 + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem_1[(1 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem_1[(1 * 64 + i) * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -1109,34 +1151,38 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   }
   tsr_copy_commit();
   if (128 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
       const int i = e / 4;
-      const int j = e % 4 * 16;
+      const int j = e % 4 * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 128 + j < K ? 16 : 0;
-        tsr_copy_async16(operand_smem + ((2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((BM*pid_m + i) * K + 128 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 128 + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem
+            + ((2 * BM + i) * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + 128 + j) : x, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem[(2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem[(2 * BM + i) * 64 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < M && 128 + j + q < K ? x[(BM*pid_m + i) * K + 128 + j + q] : 0;
         }
       }
     }
   }
   if (128 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 16;
+    for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BN / TSR_CHUNK_BYTES);
+      const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = 128 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(operand_smem_1 + ((2 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
-            bytes ? w + ((128 + i) * N + BN*pid_n + j) : w, bytes);
+        const int bytes = 128 + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem_1
+            + ((2 * 64 + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((128 + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem_1[(2 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem_1[(2 * 64 + i) * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               128 + i < K && BN*pid_n + j + q < N ? w[(128 + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -1144,15 +1190,15 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   }
   tsr_copy_commit();
   // quant_linear.tsr:65: for kb in tile.range_n(x.shape[-1], 64):
-  float high[64];
-  for (int r = 0; r < 8; ++r) {
+  float high[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       high[t] = 0.0f;
     }
   }
-  float low[64];
-  for (int r = 0; r < 8; ++r) {
+  float low[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       low[t] = 0.0f;
@@ -1164,81 +1210,88 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
     if (64*kb + 192 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
+      for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
         const int i = e / 4;
-        const int j = e % 4 * 16;
+        const int j = e % 4 * TSR_CHUNK_BYTES;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 64*kb + 192 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && 64*kb + 192 + j < K ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(operand_smem
-              + (((kb + 3) % 4 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-              bytes ? x + ((BM*pid_m + i) * K + 64*kb + 192 + j) : x, bytes);
+              + (((kb + 3) % 4 * BM + i) * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + 64*kb + 192 + j) : x,
+              bytes);
         } else {
           #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 3) % 4 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
-                + (j + q) % 16] = BM*pid_m + i < M && 64*kb + 192 + j + q < K
+          for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+            operand_smem[((kb + 3) % 4 * BM + i) * 64
+                + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+                + (j + q) % TSR_CHUNK_BYTES] =
+                BM*pid_m + i < M && 64*kb + 192 + j + q < K
                 ? x[(BM*pid_m + i) * K + 64*kb + 192 + j + q] : 0;
           }
         }
       }
     }
     if (64*kb + 192 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 16;
+      for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+        const int i = e / (BN / TSR_CHUNK_BYTES);
+        const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (w_aligned) {
-          const int bytes = 64*kb + 192 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = 64*kb + 192 + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(operand_smem_1
-              + (((kb + 3) % 4 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
-              bytes ? w + ((64*kb + 192 + i) * N + BN*pid_n + j) : w, bytes);
+              + (((kb + 3) % 4 * 64 + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES), bytes ? w + ((64*kb + 192 + i) * N + BN*pid_n + j) : w,
+              bytes);
         } else {
           #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            operand_smem_1[((kb + 3) % 4 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16
-                + (j + q) % 16] = 64*kb + 192 + i < K && BN*pid_n + j + q < N
+          for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+            operand_smem_1[((kb + 3) % 4 * 64 + i) * BN
+                + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+                + (j + q) % TSR_CHUNK_BYTES] =
+                64*kb + 192 + i < K && BN*pid_n + j + q < N
                 ? w[(64*kb + 192 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
-    float dot[64];
-    for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = (float)operand_smem[((kb) % 4 * 128 + ty + r * 16) * 64
-          + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = (float)operand_smem[((kb) % 4 * BM + ty + r * TY) * 64
+          + (kk / TSR_CHUNK_BYTES ^ (ty + r * TY) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = (float)operand_smem_1[((kb) % 4 * 64 + kk) * 128
-          + ((tx + c * 16) / 16 ^ kk % 8) * 16 + (tx + c * 16) % 16];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = (float)operand_smem_1[((kb) % 4 * 64 + kk) * BN
+          + ((tx + c * TX) / TSR_CHUNK_BYTES ^ kk % 8) * TSR_CHUNK_BYTES
+          + (tx + c * TX) % TSR_CHUNK_BYTES];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
     }
-    float next[64];
-    for (int r = 0; r < 8; ++r) {
+    float next[BM*BN / THREADS];
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 8; ++c) {
         const int t = r * 8 + c;
         next[t] = high[t] + (rintf(((dot[t]) * 0.000244140625f)));
       }
     }
-    float next_1[64];
-    for (int r = 0; r < 8; ++r) {
+    float next_1[BM*BN / THREADS];
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 8; ++c) {
         const int t = r * 8 + c;
         next_1[t] = low[t] + ((dot[t]) - ((rintf(((dot[t]) * 0.000244140625f))) * 4096.0f));
       }
     }
-    for (int t = 0; t < 64; ++t) high[t] = next[t];
-    for (int t = 0; t < 64; ++t) low[t] = next_1[t];
+    for (int t = 0; t < BM*BN / THREADS; ++t) high[t] = next[t];
+    for (int t = 0; t < BM*BN / THREADS; ++t) low[t] = next_1[t];
   }
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =

@@ -19,6 +19,18 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 64 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 32, TSR_MMA_N = 32, TSR_MMA_REGS = 16, TSR_LANE_ROWS = 16 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -74,6 +86,10 @@ typedef float tsr_floatx16 __attribute__((ext_vector_type(16)));
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -90,12 +106,12 @@ __device__ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- quantize_weights_k0: launch k0 of quantize_weights: the library's elementwise
-// grid [pid_m < ceil(N/1024)], 512 threads per program
+// grid [pid_m < ceil(N/BM)], 512 threads per program
 extern "C" __global__ void __launch_bounds__(512) quantize_weights_k0(
     const float* __restrict__ scale, float* __restrict__ t0, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
-  constexpr int THREADS = 512;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long long e = lid; e < BM; e += THREADS) {
@@ -104,13 +120,13 @@ extern "C" __global__ void __launch_bounds__(512) quantize_weights_k0(
 }
 
 // ---- quantize_weights_k1: launch k1 of quantize_weights: the library's elementwise
-// grid [pid_m < ceil(K/4)], 256 threads per program
+// grid [pid_m < ceil(K/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) quantize_weights_k1(const float* __restrict__ w,
     const float* __restrict__ t0, signed char* __restrict__ out, const long long K,
     const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   #pragma unroll
@@ -125,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_weights_k1(const floa
 }
 
 // ---- w8a16: tile kernel w8a16
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __restrict__ x,
     const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out,
     const long long M, const long long K, const long long N) {
@@ -133,28 +149,31 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[24576] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 8;
+  __shared__ unsigned char tsr_smem[24576] __attribute__((aligned(TSR_CHUNK_BYTES)));
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 16384);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const bool w_aligned = tsr_aligned16(w) && N % TSR_CHUNK_BYTES == 0;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -163,29 +182,30 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
   //   every int8
   if (0 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 16;
+    for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BN / TSR_CHUNK_BYTES);
+      const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
-            bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem + (i * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem[i * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // quant_linear.tsr:28: for kb in tile.range_n(x.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -193,17 +213,17 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
-          tsr_copy16(a_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -213,56 +233,65 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 256; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 16;
+      for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
+        const int i = e / (BN / TSR_CHUNK_BYTES);
+        const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (w_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
-          tsr_copy16(operand_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 16 ^ i % 8) * 16
-              + j % 16), bytes ? w + ((BK*kb + BK + i) * N + BN*pid_n + j) : w, bytes);
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(operand_smem + (((kb + 1) % 2 * BK + i) * BN
+              + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
+              bytes ? w + ((BK*kb + BK + i) * N + BN*pid_n + j) : w, bytes);
         } else {
           #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16
-                + (j + q) % 16] = BK*kb + BK + i < K && BN*pid_n + j + q < N
+          for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+            operand_smem[((kb + 1) % 2 * BK + i) * BN
+                + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+                + (j + q) % TSR_CHUNK_BYTES] =
+                BK*kb + BK + i < K && BN*pid_n + j + q < N
                 ? w[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     // quant_linear.tsr:31: acc += tile.dot(a, b)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 32
-            + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 8
+            + (kk + lane / TSR_MMA_M * 4 + q) % 8];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
               b_frag[q] = (short)tsr_float_to_bf16(tsr_round_bf16(((float)operand_smem[((kb) % 2
-              * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 16 ^ (kk + lane / 32 * 4 + q) % 8) * 16
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 16])));
+              * BK + kk + lane / TSR_MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / TSR_CHUNK_BYTES ^ (kk + lane / TSR_MMA_M * 4 + q) % 8) * TSR_CHUNK_BYTES
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % TSR_CHUNK_BYTES])));
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // quant_linear.tsr:32: return acc * tile.load(scale, cols=T.n)[None, :]
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] = (acc[t] * (scale[BN*pid_n + j]));
     }
@@ -270,14 +299,14 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
 }
 
 // ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
-// grid [pid_m < ceil(32/4), pid_b0 < K/32], 256 threads per program
+// grid [pid_m < ceil(32/BM), pid_b0 < K/32], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) linear_per_group_k0(
     const signed char* __restrict__ w, const float* __restrict__ scale,
     unsigned short* __restrict__ t4, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
@@ -293,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k0(
 }
 
 // ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
     const unsigned short* __restrict__ t4, const unsigned short* __restrict__ x,
     float* __restrict__ out, const long long K, const long long N, const long long M) {
@@ -301,28 +330,31 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 8;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -330,29 +362,29 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (t4_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? t4 + (i * N + BN*pid_n + j) : t4, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? t4[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -360,17 +392,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -379,17 +411,17 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (t4_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? t4 + ((BK*kb + BK + i) * N + BN*pid_n + j) : t4, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + BK + i < K && BN*pid_n + j + q < N
                 ? t4[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -397,49 +429,55 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 8) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 32 + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 8
+            + (kk + lane / TSR_MMA_M * 4 + q) % 8];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)b_tile_smem[((kb) % 2 * 32 + kk + lane / 32 * 4 + q) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 8 ^ (kk + lane / 32 * 4 + q) % 8) * 8
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 8];
+              b_frag[q] = (short)b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M * 4 + q) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 8 ^ (kk + lane / TSR_MMA_M * 4 + q) % 8) * 8
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 8];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- quantize_i4_k0: launch k0 of quantize_i4: the library's elementwise
-// grid [pid_m < ceil(1/4), pid_b0 < K/32], 256 threads per program
+// grid [pid_m < ceil(1/BM), pid_b0 < K/32], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) quantize_i4_k0(const float* __restrict__ scale,
     float* __restrict__ t2, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
@@ -453,14 +491,14 @@ extern "C" __global__ void __launch_bounds__(256) quantize_i4_k0(const float* __
 }
 
 // ---- quantize_i4_k1: launch k1 of quantize_i4: the library's elementwise
-// grid [pid_m < ceil(32/4), pid_b0 < K/32], 256 threads per program
+// grid [pid_m < ceil(32/BM), pid_b0 < K/32], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) quantize_i4_k1(const float* __restrict__ w,
     const float* __restrict__ t2, signed char* __restrict__ out, const long long K,
     const long long N) {
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
@@ -479,27 +517,30 @@ extern "C" __global__ void __launch_bounds__(256) quantize_i4_k1(const float* __
 }
 
 // ---- w4a16: tile kernel w4a16
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __restrict__ x,
     const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out,
     const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 8;
+  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 32*BM / 8; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
@@ -512,12 +553,12 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     }
   }
   // quant_linear.tsr:51: for kb in tile.range_n(x.shape[-1], 32):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -525,17 +566,17 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     __syncthreads();
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
     if (32*kb + 32 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
+      for (int e = lid; e < 32*BM / 8; e += THREADS) {
         const int i = e / 4;
         const int j = e % 4 * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 32*kb + 32 + j < K ? 16 : 0;
-          tsr_copy16(a_smem + (((kb + 1) % 2 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+          const int bytes = BM*pid_m + i < M && 32*kb + 32 + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_smem + (((kb + 1) % 2 * BM + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * K + 32*kb + 32 + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 1) % 2 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_smem[((kb + 1) % 2 * BM + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && 32*kb + 32 + j + q < K
                 ? x[(BM*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
           }
@@ -543,48 +584,55 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       }
     }
     // quant_linear.tsr:55: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += 8) {
+    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32) * 32
-            + ((kk + lane / 32 * 4 + q) / 8 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 8
-            + (kk + lane / 32 * 4 + q) % 8];
+            a_frag[q] = (short)a_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * 32
+            + ((kk + lane / TSR_MMA_M * 4 + q)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 8
+            + (kk + lane / TSR_MMA_M * 4 + q) % 8];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane / 32 * 4
-              + q < K && BN*pid_n + wave % 2 * 64 + fn * 32 + lane % 32 < N
-              ? (float)(((((int)w[((32*kb + kk + lane / 32 * 4 + q) * N + BN*pid_n + wave % 2 * 64
-              + fn * 32 + lane % 32) >> 1]
-              >> ((((32*kb + kk + lane / 32 * 4 + q) * N + BN*pid_n + wave % 2 * 64 + fn * 32
-              + lane % 32) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-              * (kb + 0 < (K)/32 && BN*pid_n + wave % 2 * 64 + fn * 32 + lane % 32 < N
-              ? scale[(kb + 0) * N + BN*pid_n + wave % 2 * 64 + fn * 32 + lane % 32] : 0.0f))));
+              b_frag[q] = (short)tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk
+              + lane / TSR_MMA_M * 4 + q < K
+              && BN*pid_n + wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N < N
+              ? (float)(((((int)w[((32*kb + kk + lane / TSR_MMA_M * 4 + q) * N + BN*pid_n
+              + wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) >> 1]
+              >> ((((32*kb + kk + lane / TSR_MMA_M * 4 + q) * N + BN*pid_n + wave % 2 * WARP_N
+              + fn * TSR_MMA_N + lane % TSR_MMA_N) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+              * (kb + 0 < (K)/32 && BN*pid_n + wave % 2 * WARP_N + fn * TSR_MMA_N
+              + lane % TSR_MMA_N < N ? scale[(kb + 0) * N + BN*pid_n + wave % 2 * WARP_N
+              + fn * TSR_MMA_N + lane % TSR_MMA_N] : 0.0f))));
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x8bf16_1k(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- w8a8: tile kernel w8a8
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __restrict__ x,
     const signed char* __restrict__ w, const float* __restrict__ x_scale,
     const float* __restrict__ w_scale, float* __restrict__ out, const long long M,
@@ -592,61 +640,67 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 16384);
-  const bool x_aligned = tsr_aligned16(x) && K % 16 == 0;
-  const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const bool x_aligned = tsr_aligned16(x) && K % TSR_CHUNK_BYTES == 0;
+  const bool w_aligned = tsr_aligned16(w) && N % TSR_CHUNK_BYTES == 0;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
   //   cols=T.n)), f32)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
+    for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
       const int i = e / 4;
-      const int j = e % 4 * 16;
+      const int j = e % 4 * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem + (i * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem[i * 64 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 16;
+    for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BN / TSR_CHUNK_BYTES);
+      const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem_1 + (i * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem_1
+            + (i * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
             bytes ? w + (i * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 128 + ((j + q) / 16 ^ i % 8) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem_1[i * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               i < K && BN*pid_n + j + q < N ? w[i * N + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // quant_linear.tsr:65: for kb in tile.range_n(x.shape[-1], 64):
-  float high[64];
-  for (int r = 0; r < 8; ++r) {
+  float high[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       high[t] = 0.0f;
     }
   }
-  float low[64];
-  for (int r = 0; r < 8; ++r) {
+  float low[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       low[t] = 0.0f;
@@ -657,79 +711,86 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
     if (64*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
+      for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
         const int i = e / 4;
-        const int j = e % 4 * 16;
+        const int j = e % 4 * TSR_CHUNK_BYTES;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 64*kb + 64 + j < K ? 16 : 0;
-          tsr_copy16(operand_smem + (((kb + 1) % 2 * 128 + i) * 64 + (j / 16 ^ i % 4) * 16
-              + j % 16), bytes ? x + ((BM*pid_m + i) * K + 64*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && 64*kb + 64 + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(operand_smem + (((kb + 1) % 2 * BM + i) * 64
+              + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
+              bytes ? x + ((BM*pid_m + i) * K + 64*kb + 64 + j) : x, bytes);
         } else {
           #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            operand_smem[((kb + 1) % 2 * 128 + i) * 64 + ((j + q) / 16 ^ i % 4) * 16
-                + (j + q) % 16] = BM*pid_m + i < M && 64*kb + 64 + j + q < K
+          for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+            operand_smem[((kb + 1) % 2 * BM + i) * 64
+                + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+                + (j + q) % TSR_CHUNK_BYTES] =
+                BM*pid_m + i < M && 64*kb + 64 + j + q < K
                 ? x[(BM*pid_m + i) * K + 64*kb + 64 + j + q] : 0;
           }
         }
       }
     }
     if (64*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 16;
+      for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+        const int i = e / (BN / TSR_CHUNK_BYTES);
+        const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (w_aligned) {
-          const int bytes = 64*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = 64*kb + 64 + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(operand_smem_1
-              + (((kb + 1) % 2 * 64 + i) * 128 + (j / 16 ^ i % 8) * 16 + j % 16),
-              bytes ? w + ((64*kb + 64 + i) * N + BN*pid_n + j) : w, bytes);
+              + (((kb + 1) % 2 * 64 + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES), bytes ? w + ((64*kb + 64 + i) * N + BN*pid_n + j) : w,
+              bytes);
         } else {
           #pragma unroll
-          for (int q = 0; q < 16; ++q) {
-            operand_smem_1[((kb + 1) % 2 * 64 + i) * 128 + ((j + q) / 16 ^ i % 8) * 16
-                + (j + q) % 16] = 64*kb + 64 + i < K && BN*pid_n + j + q < N
+          for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+            operand_smem_1[((kb + 1) % 2 * 64 + i) * BN
+                + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+                + (j + q) % TSR_CHUNK_BYTES] =
+                64*kb + 64 + i < K && BN*pid_n + j + q < N
                 ? w[(64*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
-    float dot[64];
-    for (int t = 0; t < 64; ++t) dot[t] = 0.0f;
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = (float)operand_smem[((kb) % 2 * 128 + ty + r * 16) * 64
-          + (kk / 16 ^ (ty + r * 16) % 4) * 16 + kk % 16];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = (float)operand_smem[((kb) % 2 * BM + ty + r * TY) * 64
+          + (kk / TSR_CHUNK_BYTES ^ (ty + r * TY) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = (float)operand_smem_1[((kb) % 2 * 64 + kk) * 128
-          + ((tx + c * 16) / 16 ^ kk % 8) * 16 + (tx + c * 16) % 16];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = (float)operand_smem_1[((kb) % 2 * 64 + kk) * BN
+          + ((tx + c * TX) / TSR_CHUNK_BYTES ^ kk % 8) * TSR_CHUNK_BYTES
+          + (tx + c * TX) % TSR_CHUNK_BYTES];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
     }
-    float next[64];
-    for (int r = 0; r < 8; ++r) {
+    float next[BM*BN / THREADS];
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 8; ++c) {
         const int t = r * 8 + c;
         next[t] = high[t] + (rintf(((dot[t]) * 0.000244140625f)));
       }
     }
-    float next_1[64];
-    for (int r = 0; r < 8; ++r) {
+    float next_1[BM*BN / THREADS];
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 8; ++c) {
         const int t = r * 8 + c;
         next_1[t] = low[t] + ((dot[t]) - ((rintf(((dot[t]) * 0.000244140625f))) * 4096.0f));
       }
     }
-    for (int t = 0; t < 64; ++t) high[t] = next[t];
-    for (int t = 0; t < 64; ++t) low[t] = next_1[t];
+    for (int t = 0; t < BM*BN / THREADS; ++t) high[t] = next[t];
+    for (int t = 0; t < BM*BN / THREADS; ++t) low[t] = next_1[t];
   }
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =

@@ -21,6 +21,14 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(unsigned short bits) {
@@ -68,6 +76,10 @@ inline signed char tsr_i4_pair(float lo,
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -84,12 +96,12 @@ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- quantize_weights_k0: launch k0 of quantize_weights: the library's elementwise
-// grid [pid_m < ceil(N/1024)], 256 threads per program
+// grid [pid_m < ceil(N/BM)], 256 threads per program
 inline void quantize_weights_k0(const float* __restrict__ scale, float* __restrict__ t0,
     const long long N, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 1024;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (long long e = lid; e < BM; e += THREADS) {
@@ -98,13 +110,13 @@ inline void quantize_weights_k0(const float* __restrict__ scale, float* __restri
 }
 
 // ---- quantize_weights_k1: launch k1 of quantize_weights: the library's elementwise
-// grid [pid_m < ceil(K/4)], 128 threads per program
+// grid [pid_m < ceil(K/BM)], 128 threads per program
 inline void quantize_weights_k1(const float* __restrict__ w, const float* __restrict__ t0,
     signed char* __restrict__ out, const long long K, const long long N,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // quant_linear.tsr:20: return quantize(w, scale, i8)
   for (int i = 0; i < BM; ++i) {
@@ -118,7 +130,7 @@ inline void quantize_weights_k1(const float* __restrict__ w, const float* __rest
 }
 
 // ---- w8a16_k0: tile kernel w8a16
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __restrict__ w,
     const float* __restrict__ scale, float* __restrict__ out, const long long M,
     const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -126,17 +138,20 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
+  const bool w_aligned = tsr_aligned16(w) && N % TSR_CHUNK_BYTES == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // quant_linear.tsr:28: for kb in tile.range_n(x.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -145,32 +160,33 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:29: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // quant_linear.tsr:30: b = tile.cast(tile.load(w, kb, cols=T.n), bf16)  # exact: bf16 holds
     //   every int8
-    for (int e = lid; e < 128; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BN / TSR_CHUNK_BYTES);
+      const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? w + ((BK*kb + i) * N + BN*pid_n + j) : w, bytes);
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem + (i * BN + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((BK*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
-        for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem[i * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BK*kb + i < K && BN*pid_n + j + q < N ? w[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -178,23 +194,24 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:31: acc += tile.dot(a, b)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * TY) * BK + (kk / 8 ^ (ty + r * TY) % 4) * 8
           + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_round_bf16(((float)operand_smem[kk * 64
-          + ((tx + c * 16) / 16 ^ kk % 4) * 16 + (tx + c * 16) % 16]));
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_round_bf16(((float)operand_smem[kk * BN
+          + ((tx + c * TX) / TSR_CHUNK_BYTES ^ kk % 4) * TSR_CHUNK_BYTES
+          + (tx + c * TX) % TSR_CHUNK_BYTES]));
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // quant_linear.tsr:32: return acc * tile.load(scale, cols=T.n)[None, :]
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] = (acc[t] * (scale[BN*pid_n + j]));
@@ -203,14 +220,14 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
 }
 
 // ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
-// grid [pid_m < ceil(32/4), pid_b0 < K/32], 128 threads per program
+// grid [pid_m < ceil(32/BM), pid_b0 < K/32], 128 threads per program
 inline void linear_per_group_k0(const signed char* __restrict__ w,
     const float* __restrict__ scale, unsigned short* __restrict__ t4, const long long K,
     const long long N, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
@@ -225,7 +242,7 @@ inline void linear_per_group_k0(const signed char* __restrict__ w,
 }
 
 // ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
     const unsigned short* __restrict__ x, float* __restrict__ out, const long long K,
     const long long N, const long long M, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -233,17 +250,20 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -252,31 +272,31 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (t4_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? t4 + ((BK*kb + i) * N + BN*pid_n + j) : t4, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < K && BN*pid_n + j + q < N ? t4[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -284,22 +304,22 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
@@ -307,13 +327,13 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
 }
 
 // ---- quantize_i4_k0: launch k0 of quantize_i4: the library's elementwise
-// grid [pid_m < ceil(1/4), pid_b0 < K/32], 128 threads per program
+// grid [pid_m < ceil(1/BM), pid_b0 < K/32], 128 threads per program
 inline void quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ t2,
     const long long K, const long long N, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
@@ -326,14 +346,14 @@ inline void quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ 
 }
 
 // ---- quantize_i4_k1: launch k1 of quantize_i4: the library's elementwise
-// grid [pid_m < ceil(32/4), pid_b0 < K/32], 128 threads per program
+// grid [pid_m < ceil(32/BM), pid_b0 < K/32], 128 threads per program
 inline void quantize_i4_k1(const float* __restrict__ w, const float* __restrict__ t2,
     signed char* __restrict__ out, const long long K, const long long N,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   // quant_linear.tsr:43: return quantize(w, scale, i4, group=32)
@@ -351,22 +371,25 @@ inline void quantize_i4_k1(const float* __restrict__ w, const float* __restrict_
 }
 
 // ---- w4a16_k0: tile kernel w4a16
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __restrict__ w,
     const float* __restrict__ scale, float* __restrict__ out, const long long M,
     const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // quant_linear.tsr:51: for kb in tile.range_n(x.shape[-1], 32):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -375,11 +398,11 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
   for (long long kb = 0; kb * 32 < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
+    for (int e = lid; e < 32*BM / 8; e += THREADS) {
       const int i = e / 4;
       const int j = e % 4 * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 32*kb + j < K ? 16 : 0;
+        const int bytes = BM*pid_m + i < M && 32*kb + j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + 32*kb + j) : x, bytes);
       } else {
@@ -393,25 +416,25 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:55: acc += tile.dot(a, b)
     for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * TY) * 32 + (kk / 8 ^ (ty + r * TY) % 4) * 8
           + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_round_bf16((((32*kb + kk < K && BN*pid_n + tx + c * 16 < N
-          ? (float)(((((int)w[((32*kb + kk) * N + BN*pid_n + tx + c * 16) >> 1]
-          >> ((((32*kb + kk) * N + BN*pid_n + tx + c * 16) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-          * (kb + 0 < (K)/32 && BN*pid_n + tx + c * 16 < N
-          ? scale[(kb + 0) * N + BN*pid_n + tx + c * 16] : 0.0f)));
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_round_bf16((((32*kb + kk < K && BN*pid_n + tx + c * TX < N
+          ? (float)(((((int)w[((32*kb + kk) * N + BN*pid_n + tx + c * TX) >> 1]
+          >> ((((32*kb + kk) * N + BN*pid_n + tx + c * TX) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+          * (kb + 0 < (K)/32 && BN*pid_n + tx + c * TX < N
+          ? scale[(kb + 0) * N + BN*pid_n + tx + c * TX] : 0.0f)));
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
@@ -419,7 +442,7 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
 }
 
 // ---- w8a8_k0: tile kernel w8a8
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __restrict__ w,
     const float* __restrict__ x_scale, const float* __restrict__ w_scale, float* __restrict__ out,
     const long long M, const long long K, const long long N, const sycl::nd_item<3>& it,
@@ -427,24 +450,27 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   signed char* const operand_smem = (signed char*)(tsr_smem + 0);
   signed char* const operand_smem_1 = (signed char*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
-  const bool x_aligned = tsr_aligned16(x) && K % 16 == 0;
-  const bool w_aligned = tsr_aligned16(w) && N % 16 == 0;
+  const int tx = lid % TX, ty = lid / TX;
+  const bool x_aligned = tsr_aligned16(x) && K % TSR_CHUNK_BYTES == 0;
+  const bool w_aligned = tsr_aligned16(w) && N % TSR_CHUNK_BYTES == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // quant_linear.tsr:65: for kb in tile.range_n(x.shape[-1], 64):
-  float high[32];
-  for (int r = 0; r < 8; ++r) {
+  float high[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       high[t] = 0.0f;
     }
   }
-  float low[32];
-  for (int r = 0; r < 8; ++r) {
+  float low[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       low[t] = 0.0f;
@@ -454,72 +480,76 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    for (int e = lid; e < 256; e += THREADS) {
+    for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
       const int i = e / 4;
-      const int j = e % 4 * 16;
+      const int j = e % 4 * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 64*kb + j < K ? 16 : 0;
-        tsr_copy16(operand_smem + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
-            bytes ? x + ((BM*pid_m + i) * K + 64*kb + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && 64*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem + (i * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + 64*kb + j) : x, bytes);
       } else {
-        for (int q = 0; q < 16; ++q) {
-          operand_smem[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem[i * 64 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < M && 64*kb + j + q < K ? x[(BM*pid_m + i) * K + 64*kb + j + q] : 0;
         }
       }
     }
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 16;
+    for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BN / TSR_CHUNK_BYTES);
+      const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = 64*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(operand_smem_1 + (i * 64 + (j / 16 ^ i % 4) * 16 + j % 16),
+        const int bytes = 64*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem_1
+            + (i * BN + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
             bytes ? w + ((64*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
-        for (int q = 0; q < 16; ++q) {
-          operand_smem_1[i * 64 + ((j + q) / 16 ^ i % 4) * 16 + (j + q) % 16] =
+        for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
+          operand_smem_1[i * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + (j + q) % TSR_CHUNK_BYTES] =
               64*kb + i < K && BN*pid_n + j + q < N ? w[(64*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
-    float dot[32];
-    for (int t = 0; t < 32; ++t) dot[t] = 0.0f;
+    float dot[BM*BN / THREADS];
+    for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = (float)operand_smem[(ty + r * 8) * 64 + (kk / 16 ^ (ty + r * 8) % 4) * 16
-          + kk % 16];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = (float)operand_smem[(ty + r * TY) * 64
+          + (kk / TSR_CHUNK_BYTES ^ (ty + r * TY) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = (float)operand_smem_1[kk * 64 + ((tx + c * 16) / 16 ^ kk % 4) * 16
-          + (tx + c * 16) % 16];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = (float)operand_smem_1[kk * BN
+          + ((tx + c * TX) / TSR_CHUNK_BYTES ^ kk % 4) * TSR_CHUNK_BYTES
+          + (tx + c * TX) % TSR_CHUNK_BYTES];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) dot[r * 4 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 4 + c]);
       }
     }
-    float next[32];
-    for (int r = 0; r < 8; ++r) {
+    float next[BM*BN / THREADS];
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 4; ++c) {
         const int t = r * 4 + c;
         next[t] = high[t] + (sycl::rint(((dot[t]) * 0.000244140625f)));
       }
     }
-    float next_1[32];
-    for (int r = 0; r < 8; ++r) {
+    float next_1[BM*BN / THREADS];
+    for (int r = 0; r < RM; ++r) {
       for (int c = 0; c < 4; ++c) {
         const int t = r * 4 + c;
         next_1[t] = low[t] + ((dot[t]) - ((sycl::rint(((dot[t]) * 0.000244140625f))) * 4096.0f));
       }
     }
-    for (int t = 0; t < 32; ++t) high[t] = next[t];
-    for (int t = 0; t < 32; ++t) low[t] = next_1[t];
+    for (int t = 0; t < BM*BN / THREADS; ++t) high[t] = next[t];
+    for (int t = 0; t < BM*BN / THREADS; ++t) low[t] = next_1[t];
   }
   // quant_linear.tsr:71: return acc * tile.load(x_scale, rows=T.m) * tile.load(w_scale,
   //   cols=T.n)[None, :]
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =

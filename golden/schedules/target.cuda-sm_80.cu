@@ -13,6 +13,18 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 16, TSR_MMA_N = 8, TSR_MMA_REGS = 4, TSR_LANE_ROWS = 2 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -77,6 +89,10 @@ __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsign
 }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -158,7 +174,7 @@ __device__ inline void tsr_mma_m16n8k16_f16(float* d, const unsigned* a, const u
 // end of the Tessera tile primitives
 
 // ---- gemm: launch k0 of gemm: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __restrict__ A,
     const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M,
     const long long K, const long long N) {
@@ -166,28 +182,32 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 32;
+  constexpr int MMA_K = 16;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -195,17 +215,17 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -213,49 +233,49 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+  if (BK < K) {
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && BK + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + BK + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && BK + j + q < K ? A[(BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+  if (BK < K) {
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
+        const int bytes = BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((BK + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BK + i < K && BN*pid_n + j + q < N ? B[(BK + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -263,81 +283,83 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + 2*BK + j < K ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 2*BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 64 + j + q < K
-                ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 2*BK + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 2*BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 64 + i < K && BN*pid_n + j + q < N
-                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 2*BK + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
-      unsigned a_frag[4][4];
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
+      unsigned a_frag[WARP_M / TSR_MMA_M][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
         tsr_ldmatrix_x4(a_frag[fm],
-            a_tile_smem + (((kb) % 3 * 128 + wave / 4 * 64 + fm * 16 + lane / 8 % 2 * 8
-            + lane % 8) * 32 + ((kk + lane / 16 * 8)
-            / 8 ^ (wave / 4 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
-            + (kk + lane / 16 * 8) % 8));
+            a_tile_smem + (((kb) % 3 * BM + wave / 4 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8
+            + lane % 8) * BK + ((kk + lane / 8 / 2 * 8)
+            / 8 ^ (wave / 4 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 8 / 2 * 8) % 8));
       }
       #pragma unroll
-      for (int fn = 0; fn < 4; ++fn) {
+      for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
-            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((wave % 4 * 32 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-            + (wave % 4 * 32 + fn * 8) % 8));
+            b_tile_smem + (((kb) % 3 * BK + kk + lane / 8 % 2 * 8 + lane % 8) * BN
+            + ((wave % 4 * WARP_N + fn * TSR_MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8)
+            * 8 + (wave % 4 * WARP_N + fn * TSR_MMA_N) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm)
-            tsr_mma_m16n8k16_f16(&acc[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm)
+            tsr_mma_m16n8k16_f16(&acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS],
+            a_frag[fm], b_frag);
       }
     }
   }
   // schedules.tsr:12: return A @ B
   #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 4 * 64 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 4 * 32 + frag % 4 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave / 4 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + lane / 4
+          + (reg / 2) * 8;
+      const int j0 = wave % 4 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
       if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -355,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
 }
 
 // ---- skinny_gemm: launch k0 of skinny_gemm: the library's gemm
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
@@ -363,28 +385,32 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 24576 bytes, given at launch
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 32;
+  constexpr int WARP_N = 32;
+  constexpr int MMA_K = 16;
+  // 24576 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -392,17 +418,17 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -410,49 +436,49 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+  if (BK < K) {
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && BK + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + BK + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && BK + j + q < K ? A[(BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+  if (BK < K) {
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
+        const int bytes = BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((BK + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BK + i < K && BN*pid_n + j + q < N ? B[(BK + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 8; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -460,81 +486,83 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 64 < K) {
-      for (int e = lid; e < 256; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + 2*BK + j < K ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 2*BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 64 + j + q < K
-                ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 2*BK + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 64 < K) {
-      for (int e = lid; e < 256; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 8;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 32 + i) * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 2*BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 64 + i < K && BN*pid_n + j + q < N
-                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 2*BK + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
-      unsigned a_frag[2][4];
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
+      unsigned a_frag[WARP_M / TSR_MMA_M][4];
       #pragma unroll
       for (int fm = 0; fm < 2; ++fm) {
         tsr_ldmatrix_x4(a_frag[fm],
-            a_tile_smem + (((kb) % 3 * 64 + wave / 2 * 32 + fm * 16 + lane / 8 % 2 * 8 + lane % 8)
-            * 32 + ((kk + lane / 16 * 8)
-            / 8 ^ (wave / 2 * 32 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
-            + (kk + lane / 16 * 8) % 8));
+            a_tile_smem + (((kb) % 3 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8
+            + lane % 8) * BK + ((kk + lane / 8 / 2 * 8)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 8 / 2 * 8) % 8));
       }
       #pragma unroll
-      for (int fn = 0; fn < 4; ++fn) {
+      for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
-            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 64
-            + ((wave % 2 * 32 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-            + (wave % 2 * 32 + fn * 8) % 8));
+            b_tile_smem + (((kb) % 3 * BK + kk + lane / 8 % 2 * 8 + lane % 8) * BN
+            + ((wave % 2 * WARP_N + fn * TSR_MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8)
+            * 8 + (wave % 2 * WARP_N + fn * TSR_MMA_N) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 2; ++fm)
-            tsr_mma_m16n8k16_f16(&acc[(fm * 4 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm)
+            tsr_mma_m16n8k16_f16(&acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS],
+            a_frag[fm], b_frag);
       }
     }
   }
   // schedules.tsr:18: return A @ B
   #pragma unroll
-  for (int frag = 0; frag < 8; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 2 * 32 + frag / 4 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 2 * 32 + frag % 4 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + lane / 4
+          + (reg / 2) * 8;
+      const int j0 = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
       if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -552,7 +580,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
 }
 
 // ---- gemm_bias_relu: launch k0 of gemm_bias_relu: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
     const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
     const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
@@ -561,28 +589,32 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 49152 bytes, given at launch
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 16;
+  // 49152 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -590,17 +622,17 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -608,49 +640,49 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+  if (BK < K) {
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && 32 + j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? A + ((BM*pid_m + i) * K + 32 + j) : A, bytes);
+        const int bytes = BM*pid_m + i < M && BK + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? A + ((BM*pid_m + i) * K + BK + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              BM*pid_m + i < M && 32 + j + q < K ? A[(BM*pid_m + i) * K + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && BK + j + q < K ? A[(BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+  if (BK < K) {
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = 32 + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? B + ((32 + i) * N + BN*pid_n + j) : B, bytes);
+        const int bytes = BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+            bytes ? B + ((BK + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              32 + i < K && BN*pid_n + j + q < N ? B[(32 + i) * N + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+              BK + i < K && BN*pid_n + j + q < N ? B[(BK + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[128];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -658,82 +690,84 @@ extern "C" __global__ void __launch_bounds__(128) gemm_bias_relu(
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 64 + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + 2*BK + j < K ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 2) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 64 + j) : A, bytes);
+              + (((kb + 2) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? A + ((BM*pid_m + i) * K + BK*kb + 2*BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 2) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 64 + j + q < K
-                ? A[(BM*pid_m + i) * K + BK*kb + 64 + j + q] : 0;
+            a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 2*BK + j + q < K
+                ? A[(BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 64 < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + 64 + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + 2*BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 2) % 3 * 32 + i) * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? B + ((BK*kb + 64 + i) * N + BN*pid_n + j) : B, bytes);
+              + (((kb + 2) % 3 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + 2*BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 2) % 3 * 32 + i) * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + 64 + i < K && BN*pid_n + j + q < N
-                ? B[(BK*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+                BK*kb + 2*BK + i < K && BN*pid_n + j + q < N
+                ? B[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += 16) {
-      unsigned a_frag[4][4];
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
+      unsigned a_frag[WARP_M / TSR_MMA_M][4];
       #pragma unroll
       for (int fm = 0; fm < 4; ++fm) {
         tsr_ldmatrix_x4(a_frag[fm],
-            a_tile_smem + (((kb) % 3 * 128 + wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8
-            + lane % 8) * 32 + ((kk + lane / 16 * 8)
-            / 8 ^ (wave / 2 * 64 + fm * 16 + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
-            + (kk + lane / 16 * 8) % 8));
+            a_tile_smem + (((kb) % 3 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8
+            + lane % 8) * BK + ((kk + lane / 8 / 2 * 8)
+            / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 8 / 2 * 8) % 8));
       }
       #pragma unroll
-      for (int fn = 0; fn < 8; ++fn) {
+      for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
         tsr_ldmatrix_x2_trans(b_frag,
-            b_tile_smem + (((kb) % 3 * 32 + kk + lane / 8 % 2 * 8 + lane % 8) * 128
-            + ((wave % 2 * 64 + fn * 8) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
-            + (wave % 2 * 64 + fn * 8) % 8));
+            b_tile_smem + (((kb) % 3 * BK + kk + lane / 8 % 2 * 8 + lane % 8) * BN
+            + ((wave % 2 * WARP_N + fn * TSR_MMA_N) / 8 ^ (kk + lane / 8 % 2 * 8 + lane % 8) % 8)
+            * 8 + (wave % 2 * WARP_N + fn * TSR_MMA_N) % 8));
         #pragma unroll
-        for (int fm = 0; fm < 4; ++fm)
-            tsr_mma_m16n8k16_bf16(&acc[(fm * 8 + fn) * 4], a_frag[fm], b_frag);
+        for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS],
+            a_frag[fm], b_frag);
       }
     }
   }
   // schedules.tsr:27: return relu(A @ B + bias)
   #pragma unroll
-  for (int frag = 0; frag < 32; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave / 2 * 64 + frag / 8 * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = wave % 2 * 64 + frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + lane / 4
+          + (reg / 2) * 8;
+      const int j0 = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = j0 + half;
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_bf16((tsr_relu((acc[t]
             + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
       }

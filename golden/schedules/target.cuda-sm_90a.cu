@@ -13,6 +13,18 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 16, TSR_MMA_N = 8, TSR_MMA_REGS = 4, TSR_LANE_ROWS = 2 };
+
 // ---------------------------------------------------------------- numerics
 
 __device__ inline float tsr_bf16_to_float(unsigned short bits) {
@@ -77,6 +89,10 @@ __device__ inline void tsr_store_pair(unsigned char* p, unsigned char lo, unsign
 }
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -325,7 +341,7 @@ __device__ inline void tsr_wgmma_m64n128k16_f16_rs(float* d, const unsigned* a,
 // end of the Tessera tile primitives
 
 // ---- gemm: launch k0 of gemm: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __restrict__ A,
     const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M,
     const long long K, const long long N) {
@@ -333,28 +349,31 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_K = 16;
+  constexpr int WGMMA_K = 16;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -362,11 +381,11 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(b_tile_smem
             + (j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
@@ -381,12 +400,12 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+  for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -396,18 +415,18 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 1) % 3 * 128 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              + (((kb + 1) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 3 * 128 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -416,11 +435,11 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 16;
-        const int j = e % 16 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
               + (((kb + 1) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
               + j % 8), bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
@@ -439,39 +458,40 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     unsigned a_tile_frag[2][4];
     #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      a_tile_frag[kk / 16][0] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8],
-          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
-          + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][1] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+    for (int kk = 0; kk < BK; kk += MMA_K) {
+      a_tile_frag[kk / MMA_K][0] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2) % 8],
-          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][2] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+      a_tile_frag[kk / MMA_K][1] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2) % 8],
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / MMA_K][2] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 8) % 8],
-          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      a_tile_frag[kk / 16][3] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+      a_tile_frag[kk / MMA_K][3] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
           + (kk + lane % 4 * 2 + 8) % 8],
-          a_tile_smem[((kb) % 3 * 128 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
           + (kk + lane % 4 * 2 + 8 + 1) % 8]);
     }
     tsr_wgmma_fence();
     #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      tsr_wgmma_m64n128k16_f16_rs<1>(acc, a_tile_frag[kk / 16],
+    for (int kk = 0; kk < BK; kk += WGMMA_K) {
+      tsr_wgmma_m64n128k16_f16_rs<1>(acc, a_tile_frag[kk / MMA_K],
           tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 4096 + kk * 64, 4096, 1024));
     }
     tsr_wgmma_commit();
@@ -481,15 +501,15 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   tsr_wgmma_wait<0>();
   // schedules.tsr:12: return A @ B
   #pragma unroll
-  for (int frag = 0; frag < 16; ++frag) {
+  for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 16 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
       if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -507,7 +527,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
 }
 
 // ---- skinny_gemm: launch k0 of skinny_gemm: the library's gemm
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N) {
@@ -515,28 +535,31 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int MMA_K = 16;
+  constexpr int WGMMA_K = 16;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && j < K ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + j) : A, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? A[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -544,11 +567,11 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < K) {
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? 16 : 0;
+        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
@@ -562,12 +585,12 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 8; ++frag) {
+  for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; ++reg) {
-      const int t = frag * 4 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -577,18 +600,18 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 256; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (A_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? 16 : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 1) % 3 * 64 + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+              + (((kb + 1) % 3 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? A + ((BM*pid_m + i) * K + BK*kb + BK + j) : A, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 3 * 64 + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            a_tile_smem[((kb + 1) % 3 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? A[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
@@ -597,11 +620,11 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < K) {
-      for (int e = lid; e < 256; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 8;
+      for (int e = lid; e < BK*BN / 8; e += THREADS) {
+        const int i = e / (BN / 8);
+        const int j = e % (BN / 8) * 8;
         if (B_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? 16 : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
               + (((kb + 1) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
@@ -619,39 +642,40 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     unsigned a_tile_frag[2][4];
     #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      a_tile_frag[kk / 16][0] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4) % 4) * 8 + (kk + lane % 4 * 2) % 8],
-          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
-          + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][1] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+    for (int kk = 0; kk < BK; kk += MMA_K) {
+      a_tile_frag[kk / MMA_K][0] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2) % 8],
-          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 1) % 8]);
-      a_tile_frag[kk / 16][2] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+      a_tile_frag[kk / MMA_K][1] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2) % 8],
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 1) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
+          + (kk + lane % 4 * 2 + 1) % 8]);
+      a_tile_frag[kk / MMA_K][2] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 8) % 8],
-          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4) * 32
-          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4) * BK
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * WARP_M + lane / 4) % 4) * 8
           + (kk + lane % 4 * 2 + 8 + 1) % 8]);
-      a_tile_frag[kk / 16][3] =
-          tsr_pack_b16(a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+      a_tile_frag[kk / MMA_K][3] =
+          tsr_pack_b16(a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 8) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
           + (kk + lane % 4 * 2 + 8) % 8],
-          a_tile_smem[((kb) % 3 * 64 + wave * 16 + lane / 4 + 8) * 32
-          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * 16 + lane / 4 + 8) % 4) * 8
+          a_tile_smem[((kb) % 3 * BM + wave * WARP_M + lane / 4 + 8) * BK
+          + ((kk + lane % 4 * 2 + 8 + 1) / 8 ^ (wave * WARP_M + lane / 4 + 8) % 4) * 8
           + (kk + lane % 4 * 2 + 8 + 1) % 8]);
     }
     tsr_wgmma_fence();
     #pragma unroll
-    for (int kk = 0; kk < BK; kk += 16) {
-      tsr_wgmma_m64n64k16_f16_rs<1>(acc, a_tile_frag[kk / 16],
+    for (int kk = 0; kk < BK; kk += WGMMA_K) {
+      tsr_wgmma_m64n64k16_f16_rs<1>(acc, a_tile_frag[kk / MMA_K],
           tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 2048 + kk * 64, 4096, 1024));
     }
     tsr_wgmma_commit();
@@ -661,15 +685,15 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   tsr_wgmma_wait<0>();
   // schedules.tsr:18: return A @ B
   #pragma unroll
-  for (int frag = 0; frag < 8; ++frag) {
+  for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 4; reg += 2) {
-      const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-      const int j0 = frag % 8 * 8 + lane % 4 * 2;
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int t = frag * 4 + reg + half;
+        const int t = frag * TSR_MMA_REGS + reg + half;
         pair[half] = (tsr_round_f16(acc[t]));
       }
       if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
@@ -687,7 +711,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
 }
 
 // ---- gemm_bias_relu: launch k0 of gemm_bias_relu: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 384 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 384 threads per program
 extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
     const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
     const float* __restrict__ bias, unsigned short* __restrict__ out, const long long M,
@@ -697,8 +721,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 64;
-  constexpr int CONSUMERS = 256;
-  constexpr int PRODUCERS = 128;
+  constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
+  constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 16;
+  constexpr int WGMMA_M = 64;
+  constexpr int WGMMA_K = 16;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98352 bytes, given at launch
@@ -710,7 +737,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
   unsigned long long* const tsr_free = tsr_landed + 3;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
-  const int lane = lid % 32, wave = lid / 32;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // a stage's copies land once its 128 producer threads have arrived and the bytes
@@ -812,12 +839,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
   } else {
     tsr_setmaxnreg_inc<232>();
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[64];
+    float acc[BM*BN / CONSUMERS];
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int t = frag * 4 + reg;
+      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+        const int t = frag * TSR_MMA_REGS + reg;
         acc[t] = 0.0f;
       }
     }
@@ -826,9 +853,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
       // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
       tsr_wgmma_fence();
       #pragma unroll
-      for (int kk = 0; kk < BK; kk += 16) {
+      for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * 64) * 64
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * WGMMA_M) * 64
             + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192,
             1024));
       }
@@ -840,16 +867,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
     tsr_wgmma_wait<0>();
     // schedules.tsr:27: return relu(A @ B + bias)
     #pragma unroll
-    for (int frag = 0; frag < 16; ++frag) {
+    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
       #pragma unroll
-      for (int reg = 0; reg < 4; reg += 2) {
-        const int i = wave * 16 + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % 16 * 8 + lane % 4 * 2;
+      for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+        const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
         float pair[2];
         #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int j = j0 + half;
-          const int t = frag * 4 + reg + half;
+          const int t = frag * TSR_MMA_REGS + reg + half;
           pair[half] = (tsr_round_bf16((tsr_relu((acc[t]
               + (BN*pid_n + j < N ? bias[BN*pid_n + j] : 0.0f))))));
         }

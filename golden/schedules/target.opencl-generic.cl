@@ -13,6 +13,14 @@
 // read and written with vload_half / vstore_half_rte, which need no extension).
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(ushort bits) {
@@ -44,6 +52,10 @@ inline float tsr_silu(float x) { return x / (1.0f + exp(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -60,7 +72,7 @@ inline void tsr_copy16(__local void* dst, __global const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- gemm: launch k0 of gemm: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void gemm(__global const half* restrict A, __global const half* restrict B,
     __global half* restrict out, const long M, const long K, const long N) {
@@ -68,18 +80,21 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
   enum { BM = 128 };
   enum { BN = 128 };
   enum { BK = 32 };
-  enum { THREADS = 256 };
-  __local uchar tsr_smem[16384] __attribute__((aligned(16)));
+  enum { THREADS = 8*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 8192);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -88,57 +103,57 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           vstore_half_rte(BM*pid_m + i < M && BK*kb + j + q < K
               ? vload_half((BM*pid_m + i) * K + BK*kb + j + q, A) : 0.0f,
-              i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
+              i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           vstore_half_rte(BK*kb + i < K && BN*pid_n + j + q < N
               ? vload_half((BK*kb + i) * N + BN*pid_n + j + q, B) : 0.0f,
-              i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
+              i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = vload_half((ty + r * 16) * 32 + (kk / 8 ^ (ty + r * 16) % 4) * 8 + kk % 8,
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = vload_half((ty + r * TY) * BK + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8,
           a_tile_smem);
       for (int c = 0; c < 8; ++c)
-          b_k[c] = vload_half(kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8,
+          b_k[c] = vload_half(kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8 + (tx + c * TX) % 8,
           b_tile_smem);
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // schedules.tsr:12: return A @ B
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           vstore_half_rte((tsr_round_f16(acc[t])), (BM*pid_m + i) * N + BN*pid_n + j, out);
@@ -147,7 +162,7 @@ void gemm(__global const half* restrict A, __global const half* restrict B,
 }
 
 // ---- skinny_gemm: launch k0 of skinny_gemm: the library's gemm
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void skinny_gemm(__global const half* restrict A, __global const half* restrict B,
     __global half* restrict out, const long M, const long K, const long N) {
@@ -155,18 +170,21 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 32 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local half* const a_tile_smem = (__local half*)(tsr_smem + 0);
   __local half* const b_tile_smem = (__local half*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -175,57 +193,57 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           vstore_half_rte(BM*pid_m + i < M && BK*kb + j + q < K
               ? vload_half((BM*pid_m + i) * K + BK*kb + j + q, A) : 0.0f,
-              i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
+              i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8, a_tile_smem);
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
           vstore_half_rte(BK*kb + i < K && BN*pid_n + j + q < N
               ? vload_half((BK*kb + i) * N + BN*pid_n + j + q, B) : 0.0f,
-              i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
+              i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8, b_tile_smem);
         }
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = vload_half((ty + r * 8) * 32 + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8,
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = vload_half((ty + r * TY) * BK + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8,
           a_tile_smem);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = vload_half(kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8 + (tx + c * 16) % 8,
+          b_k[c] = vload_half(kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8 + (tx + c * TX) % 8,
           b_tile_smem);
-      for (int r = 0; r < 8; ++r) {
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // schedules.tsr:18: return A @ B
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           vstore_half_rte((tsr_round_f16(acc[t])), (BM*pid_m + i) * N + BN*pid_n + j, out);
@@ -234,7 +252,7 @@ void skinny_gemm(__global const half* restrict A, __global const half* restrict 
 }
 
 // ---- gemm_bias_relu: launch k0 of gemm_bias_relu: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* restrict B,
     __global const float* restrict bias, __global ushort* restrict out, const long M,
@@ -243,18 +261,21 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
   enum { BM = 128 };
   enum { BN = 128 };
   enum { BK = 32 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[16384] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
   __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 8192);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[128];
-  for (int r = 0; r < 16; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -263,31 +284,31 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
   for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -295,23 +316,23 @@ void gemm_bias_relu(__global const ushort* restrict A, __global const ushort* re
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[16], b_k[8];
-      for (int r = 0; r < 16; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 8; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 16; ++r) {
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // schedules.tsr:27: return relu(A @ B + bias)
-  for (int r = 0; r < 16; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =

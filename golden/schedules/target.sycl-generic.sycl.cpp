@@ -15,6 +15,14 @@
 // it, so that it builds alone. Tensors of bf16 and f16 are 16-bit patterns.
 // Rounding is to nearest even everywhere, as GPUs round.
 
+// ---------------------------------------------------------------- constants
+
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- numerics
 
 inline float tsr_bf16_to_float(unsigned short bits) {
@@ -50,6 +58,10 @@ inline float tsr_silu(float x) { return x / (1.0f + sycl::exp(-x)); }
 
 // ---------------------------------------------------------------- chunk copies
 
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
+
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
 // then lies wholly inside its row or wholly past its end.
@@ -66,7 +78,7 @@ inline void tsr_copy16(void* dst, const void* src, int bytes) {
 // end of the Tessera tile primitives
 
 // ---- gemm_k0: launch k0 of gemm: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 256 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
 inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -74,17 +86,20 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 8192);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -93,31 +108,31 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -125,23 +140,23 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * 16) * 32
-          + (kk / 8 ^ (ty + r * 16) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 8; ++c)
-          b_k[c] = tsr_f16_to_float(b_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_f16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // schedules.tsr:12: return A @ B
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
@@ -150,7 +165,7 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
 }
 
 // ---- skinny_gemm_k0: launch k0 of skinny_gemm: the library's gemm
-// grid [pid_n < ceil(N/64), pid_m < ceil(M/64)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
     const unsigned short* __restrict__ B, unsigned short* __restrict__ out, const long long M,
     const long long K, const long long N, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -158,17 +173,20 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -177,31 +195,31 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -209,23 +227,23 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_f16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_f16_to_float(b_tile_smem[kk * 64 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = tsr_f16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // schedules.tsr:18: return A @ B
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
@@ -234,7 +252,7 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
 }
 
 // ---- gemm_bias_relu_k0: launch k0 of gemm_bias_relu: the library's gemm
-// grid [pid_n < ceil(N/128), pid_m < ceil(M/128)], 128 threads per program
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
     const unsigned short* __restrict__ B, const float* __restrict__ bias,
     unsigned short* __restrict__ out, const long long M, const long long K, const long long N,
@@ -243,17 +261,20 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 8192);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool A_aligned = tsr_aligned16(A) && K % 8 == 0;
   const bool B_aligned = tsr_aligned16(B) && N % 8 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[128];
-  for (int r = 0; r < 16; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -262,31 +283,31 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
   for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (A_aligned) {
-        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? A + ((BM*pid_m + i) * K + BK*kb + j) : A, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? A[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 8;
+    for (int e = lid; e < BK*BN / 8; e += THREADS) {
+      const int i = e / (BN / 8);
+      const int j = e % (BN / 8) * 8;
       if (B_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 8 ^ i % 8) * 8 + j % 8),
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + ((BK*kb + i) * N + BN*pid_n + j) : B, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BK*kb + i < K && BN*pid_n + j + q < N ? B[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -294,23 +315,23 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
-      float a_k[16], b_k[8];
-      for (int r = 0; r < 16; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * 8) * 32
-          + (kk / 8 ^ (ty + r * 8) % 4) * 8 + kk % 8]);
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 8; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * 128 + ((tx + c * 16) / 8 ^ kk % 8) * 8
-          + (tx + c * 16) % 8]);
-      for (int r = 0; r < 16; ++r) {
+          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
+          + (tx + c * TX) % 8]);
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // schedules.tsr:27: return relu(A @ B + bias)
-  for (int r = 0; r < 16; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =

@@ -42,7 +42,17 @@
 __device__ inline float tsr_infinity() { return __int_as_float(0x7f800000); }
 __device__ inline float tsr_nan() { return __int_as_float(0x7fc00000); }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -109,7 +119,7 @@ __device__ inline float tsr_group_max(float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- loss_k0: launch k0 of loss: the library's gemm
-// grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restrict__ x,
     const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden,
     const long long B, const long long D, const long long H) {
@@ -117,28 +127,32 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && H % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -146,17 +160,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -164,82 +178,82 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < D) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && 32 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < B && BK + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + BK + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && BK + j + q < D ? x[(BM*pid_m + i) * D + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < D) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = 32 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((32 + i) * H + BN*pid_n + j) : w1, bytes);
+        const int bytes = BK + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((BK + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              32 + i < D && BN*pid_n + j + q < H ? w1[(32 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < D && BN*pid_n + j + q < H ? w1[(BK + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < D) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < B && 2*BK + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + 2*BK + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 2*BK + j + q < D ? x[(BM*pid_m + i) * D + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < D) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = 64 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((64 + i) * H + BN*pid_n + j) : w1, bytes);
+        const int bytes = 2*BK + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((2*BK + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              64 + i < D && BN*pid_n + j + q < H ? w1[(64 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              2*BK + i < D && BN*pid_n + j + q < H ? w1[(2*BK + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -249,41 +263,41 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < D) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + 3*BK + j < D ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 96 + j) : x, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 3*BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < B && BK*kb + 96 + j + q < D
-                ? x[(BM*pid_m + i) * D + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 3*BK + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < D) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + 96 + i < D && BN*pid_n + j < H ? 16 : 0;
+          const int bytes = BK*kb + 3*BK + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w1 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : w1, bytes);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 3*BK + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 96 + i < D && BN*pid_n + j + q < H
-                ? w1[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 3*BK + i < D && BN*pid_n + j + q < H
+                ? w1[(BK*kb + 3*BK + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -291,23 +305,23 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanhf((acc[t] + (b1[BN*pid_n + j]))));
@@ -316,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
 }
 
 // ---- loss_k1: launch k1 of loss: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(B/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restrict__ hidden,
     const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits,
     const long long B, const long long H, const long long C) {
@@ -324,28 +338,32 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
         }
       }
@@ -353,17 +371,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -371,82 +389,82 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < H) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && 32 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? hidden + ((BM*pid_m + i) * H + 32 + j) : hidden, bytes);
+        const int bytes = BM*pid_m + i < B && BK + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + BK + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && 32 + j + q < H ? hidden[(BM*pid_m + i) * H + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && BK + j + q < H ? hidden[(BM*pid_m + i) * H + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < H) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = 32 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
+        const int bytes = BK + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((BK + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              32 + i < H && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < H && BN*pid_n + j + q < C ? w2[(BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < H) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && 64 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? hidden + ((BM*pid_m + i) * H + 64 + j) : hidden, bytes);
+        const int bytes = BM*pid_m + i < B && 2*BK + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + 2*BK + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && 64 + j + q < H ? hidden[(BM*pid_m + i) * H + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 2*BK + j + q < H ? hidden[(BM*pid_m + i) * H + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < H) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = 64 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
+        const int bytes = 2*BK + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((2*BK + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              64 + i < H && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              2*BK + i < H && BN*pid_n + j + q < C ? w2[(2*BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -456,41 +474,41 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < H) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (hidden_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < H ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + 3*BK + j < H ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 96 + j) : hidden, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 3*BK + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < B && BK*kb + 96 + j + q < H
-                ? hidden[(BM*pid_m + i) * H + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 3*BK + j + q < H
+                ? hidden[(BM*pid_m + i) * H + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < H) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + 96 + i < H && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 3*BK + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 3*BK + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 96 + i < H && BN*pid_n + j + q < C
-                ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 3*BK + i < H && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 3*BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -498,23 +516,23 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
           logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
@@ -523,13 +541,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
 }
 
 // ---- loss_k2: launch k2 of loss: the library's log_softmax
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restrict__ logits,
     const float* __restrict__ target, float* __restrict__ t4, const long long B,
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -567,12 +585,12 @@ extern "C" __global__ void __launch_bounds__(128) loss_k2(const float* __restric
 }
 
 // ---- loss_k3: launch k3 of loss: the library's row_sum
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) loss_k3(const float* __restrict__ t4,
     float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -591,12 +609,12 @@ extern "C" __global__ void __launch_bounds__(128) loss_k3(const float* __restric
 }
 
 // ---- loss_k4: launch k4 of loss: the library's row_mean
-// grid [pid_m < ceil(1/4)], 128 threads per program
+// grid [pid_m < ceil(1/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restrict__ t5,
     float* __restrict__ out, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
@@ -628,7 +646,7 @@ extern "C" __global__ void __launch_bounds__(128) loss_k4(const float* __restric
 }
 
 // ---- train_step_k0: launch k0 of train_step: the library's gemm
-// grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __restrict__ x,
     const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden,
     const long long B, const long long D, const long long H) {
@@ -636,28 +654,32 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && H % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -665,17 +687,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -683,82 +705,82 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < D) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && 32 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? x + ((BM*pid_m + i) * D + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < B && BK + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + BK + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && 32 + j + q < D ? x[(BM*pid_m + i) * D + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && BK + j + q < D ? x[(BM*pid_m + i) * D + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < D) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = 32 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((32 + i) * H + BN*pid_n + j) : w1, bytes);
+        const int bytes = BK + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((BK + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              32 + i < D && BN*pid_n + j + q < H ? w1[(32 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < D && BN*pid_n + j + q < H ? w1[(BK + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < D) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && 64 + j < D ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? x + ((BM*pid_m + i) * D + 64 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < B && 2*BK + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? x + ((BM*pid_m + i) * D + 2*BK + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && 64 + j + q < D ? x[(BM*pid_m + i) * D + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 2*BK + j + q < D ? x[(BM*pid_m + i) * D + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < D) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < D) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = 64 + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w1 + ((64 + i) * H + BN*pid_n + j) : w1, bytes);
+        const int bytes = 2*BK + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w1 + ((2*BK + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              64 + i < D && BN*pid_n + j + q < H ? w1[(64 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              2*BK + i < D && BN*pid_n + j + q < H ? w1[(2*BK + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -768,41 +790,41 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < D) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < D ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + 3*BK + j < D ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 96 + j) : x, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? x + ((BM*pid_m + i) * D + BK*kb + 3*BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < B && BK*kb + 96 + j + q < D
-                ? x[(BM*pid_m + i) * D + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 3*BK + j + q < D
+                ? x[(BM*pid_m + i) * D + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < D) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < D) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + 96 + i < D && BN*pid_n + j < H ? 16 : 0;
+          const int bytes = BK*kb + 3*BK + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w1 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : w1, bytes);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w1 + ((BK*kb + 3*BK + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 96 + i < D && BN*pid_n + j + q < H
-                ? w1[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 3*BK + i < D && BN*pid_n + j + q < H
+                ? w1[(BK*kb + 3*BK + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -810,23 +832,23 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanhf((acc[t] + (b1[BN*pid_n + j]))));
@@ -835,7 +857,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
 }
 
 // ---- train_step_k1: launch k1 of train_step: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(B/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __restrict__ hidden,
     const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits,
     const long long B, const long long H, const long long C) {
@@ -843,28 +865,32 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
         }
       }
@@ -872,17 +898,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -890,82 +916,82 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < H) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && 32 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? hidden + ((BM*pid_m + i) * H + 32 + j) : hidden, bytes);
+        const int bytes = BM*pid_m + i < B && BK + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + BK + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && 32 + j + q < H ? hidden[(BM*pid_m + i) * H + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && BK + j + q < H ? hidden[(BM*pid_m + i) * H + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < H) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = 32 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((32 + i) * C + BN*pid_n + j) : w2, bytes);
+        const int bytes = BK + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((BK + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              32 + i < H && BN*pid_n + j + q < C ? w2[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < H && BN*pid_n + j + q < C ? w2[(BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < H) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && 64 + j < H ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? hidden + ((BM*pid_m + i) * H + 64 + j) : hidden, bytes);
+        const int bytes = BM*pid_m + i < B && 2*BK + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? hidden + ((BM*pid_m + i) * H + 2*BK + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && 64 + j + q < H ? hidden[(BM*pid_m + i) * H + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 2*BK + j + q < H ? hidden[(BM*pid_m + i) * H + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < H) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < H) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = 64 + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((64 + i) * C + BN*pid_n + j) : w2, bytes);
+        const int bytes = 2*BK + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((2*BK + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              64 + i < H && BN*pid_n + j + q < C ? w2[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              2*BK + i < H && BN*pid_n + j + q < C ? w2[(2*BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -975,41 +1001,41 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < H) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (hidden_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < H ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + 3*BK + j < H ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 96 + j) : hidden, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + 3*BK + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < B && BK*kb + 96 + j + q < H
-                ? hidden[(BM*pid_m + i) * H + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 3*BK + j + q < H
+                ? hidden[(BM*pid_m + i) * H + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < H) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < H) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + 96 + i < H && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 3*BK + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w2 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : w2, bytes);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BK*kb + 3*BK + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 96 + i < H && BN*pid_n + j + q < C
-                ? w2[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 3*BK + i < H && BN*pid_n + j + q < C
+                ? w2[(BK*kb + 3*BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1017,23 +1043,23 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
           logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
@@ -1042,12 +1068,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
 }
 
 // ---- train_step_k2: launch k2 of train_step: the library's log_softmax
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __restrict__ logits,
     float* __restrict__ t3, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -1083,12 +1109,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k2(const float* __r
 }
 
 // ---- train_step_k3: launch k3 of train_step: the library's row_sum
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __restrict__ target,
     const float* __restrict__ t3, float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -1108,12 +1134,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k3(const float* __r
 }
 
 // ---- train_step_k4: launch k4 of train_step: the library's row_mean
-// grid [pid_m < ceil(1/4)], 128 threads per program
+// grid [pid_m < ceil(1/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __restrict__ t5,
     float* __restrict__ t8, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
@@ -1145,12 +1171,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k4(const float* __r
 }
 
 // ---- train_step_k5: launch k5 of train_step: the library's elementwise
-// grid [pid_m < ceil(1/1024)], 256 threads per program
+// grid [pid_m < ceil(1/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k5(const float* __restrict__ t8,
     float* __restrict__ out0) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < BM; e += THREADS) {
@@ -1159,12 +1185,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k5(const float* __r
 }
 
 // ---- train_step_k6: launch k6 of train_step: the library's elementwise
-// grid [pid_m < ceil(1/1024)], 256 threads per program
+// grid [pid_m < ceil(1/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k6(const float* __restrict__ t8,
     float* __restrict__ t12) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < BM; e += THREADS) {
@@ -1174,12 +1200,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k6(const float* __r
 }
 
 // ---- train_step_k7: launch k7 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/1024)], 256 threads per program
+// grid [pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k7(const float* __restrict__ t5,
     const float* __restrict__ t12, float* __restrict__ t16, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float float_B = (float)(B);
@@ -1190,13 +1216,13 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k7(const float* __r
 }
 
 // ---- train_step_k8: launch k8 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k8(const float* __restrict__ t16,
     const float* __restrict__ target, float* __restrict__ t18, const long long B,
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
@@ -1209,12 +1235,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k8(const float* __r
 }
 
 // ---- train_step_k9: launch k9 of train_step: the library's log_softmax_grad
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __restrict__ t3,
     const float* __restrict__ t18, float* __restrict__ t19, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
@@ -1238,30 +1264,31 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k9(const float* __r
 }
 
 // ---- train_step_k10: launch k10 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(C/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(C/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __restrict__ t19,
     float* __restrict__ t20, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 128;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  // 16384 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (t19_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t19 + ((BN*pid_n + i) * C + BM*pid_m + j) : t19, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < C ? t19[(BN*pid_n + i) * C + BM*pid_m + j + q]
             : 0;
       }
@@ -1274,18 +1301,18 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k10(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < C && col < B) t20[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k11: launch k11 of train_step: the library's row_sum
-// grid [pid_m < ceil(C/4)], 128 threads per program
+// grid [pid_m < ceil(C/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __restrict__ t20,
     const float lr, const float* __restrict__ b2, float* __restrict__ out4, const long long C,
     const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -1309,7 +1336,7 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
 }
 
 // ---- train_step_k12: launch k12 of train_step: the library's gemm_nt
-// grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __restrict__ t19,
     const float* __restrict__ w2, float* __restrict__ t21, const long long B, const long long C,
     const long long H) {
@@ -1317,28 +1344,32 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BM*pid_m + i < B && j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + ((BM*pid_m + i) * C + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < C ? t19[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -1346,17 +1377,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BN*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BN*pid_n + i < H && j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BN*pid_n + i < H && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((BN*pid_n + i) * C + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BN*pid_n + i < H && j + q < C ? w2[(BN*pid_n + i) * C + j + q] : 0;
         }
       }
@@ -1364,82 +1395,82 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   tsr_copy_commit();
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BM*pid_m + i < B && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((BM*pid_m + i) * C + 32 + j) : t19, bytes);
+        const int bytes = BM*pid_m + i < B && BK + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t19 + ((BM*pid_m + i) * C + BK + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && 32 + j + q < C ? t19[(BM*pid_m + i) * C + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && BK + j + q < C ? t19[(BM*pid_m + i) * C + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-  if (32 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < C) {
+    for (int e = lid; e < BN*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BN*pid_n + i < H && 32 + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((BN*pid_n + i) * C + 32 + j) : w2, bytes);
+        const int bytes = BN*pid_n + i < H && BK + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BN + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((BN*pid_n + i) * C + BK + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*pid_n + i < H && 32 + j + q < C ? w2[(BN*pid_n + i) * C + 32 + j + q] : 0;
+          b_tile_smem[(1 * BN + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*pid_n + i < H && BK + j + q < C ? w2[(BN*pid_n + i) * C + BK + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < C) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BM*pid_m + i < B && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((BM*pid_m + i) * C + 64 + j) : t19, bytes);
+        const int bytes = BM*pid_m + i < B && 2*BK + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t19 + ((BM*pid_m + i) * C + 2*BK + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < B && 64 + j + q < C ? t19[(BM*pid_m + i) * C + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < B && 2*BK + j + q < C ? t19[(BM*pid_m + i) * C + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-  if (64 < C) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < C) {
+    for (int e = lid; e < BN*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BN*pid_n + i < H && 64 + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? w2 + ((BN*pid_n + i) * C + 64 + j) : w2, bytes);
+        const int bytes = BN*pid_n + i < H && 2*BK + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BN + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? w2 + ((BN*pid_n + i) * C + 2*BK + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*pid_n + i < H && 64 + j + q < C ? w2[(BN*pid_n + i) * C + 64 + j + q] : 0;
+          b_tile_smem[(2 * BN + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BN*pid_n + i < H && 2*BK + j + q < C ? w2[(BN*pid_n + i) * C + 2*BK + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1449,41 +1480,41 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < C) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t19_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + 96 + j < C ? 16 : 0;
+          const int bytes = BM*pid_m + i < B && BK*kb + 3*BK + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + 96 + j) : t19, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + 3*BK + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < B && BK*kb + 96 + j + q < C
-                ? t19[(BM*pid_m + i) * C + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < B && BK*kb + 3*BK + j + q < C
+                ? t19[(BM*pid_m + i) * C + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    if (BK*kb + 96 < C) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < C) {
+      for (int e = lid; e < BN*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BN*pid_n + i < H && BK*kb + 96 + j < C ? 16 : 0;
+          const int bytes = BN*pid_n + i < H && BK*kb + 3*BK + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + 96 + j) : w2, bytes);
+              + (((kb + 3) % 4 * BN + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + 3*BK + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BN*pid_n + i < H && BK*kb + 96 + j + q < C
-                ? w2[(BN*pid_n + i) * C + BK*kb + 96 + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * BN + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BN*pid_n + i < H && BK*kb + 3*BK + j + q < C
+                ? w2[(BN*pid_n + i) * C + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
@@ -1491,22 +1522,22 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     tsr_copy_commit();
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 128 + tx + c * 16) * 32
-          + (kk / 4 ^ (tx + c * 16) % 8) * 4 + kk % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BN + tx + c * TX) * BK
+          + (kk / 4 ^ (tx + c * TX) % 8) * 4 + kk % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H) t21[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
@@ -1514,30 +1545,31 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
 }
 
 // ---- train_step_k13: launch k13 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(H/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k13(const float* __restrict__ hidden,
     float* __restrict__ t22, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 128;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  // 16384 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (hidden_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? hidden + ((BN*pid_n + i) * H + BM*pid_m + j) : hidden, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < H
             ? hidden[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
       }
@@ -1550,12 +1582,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k13(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < H && col < B) t22[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k14: launch k14 of train_step: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(H/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(H/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __restrict__ t22,
     const float* __restrict__ t19, const float lr, const float* __restrict__ w2,
     float* __restrict__ out3, const long long H, const long long B, const long long C) {
@@ -1563,28 +1595,32 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool t22_aligned = tsr_aligned16(t22) && B % 4 == 0;
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t22_aligned) {
-        const int bytes = BM*pid_m + i < H && j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < H && j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t22 + ((BM*pid_m + i) * B + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < H && j + q < B ? t22[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
@@ -1592,17 +1628,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t19_aligned) {
-        const int bytes = i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < B && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + (i * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < B && BN*pid_n + j + q < C ? t19[i * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -1610,82 +1646,82 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < B) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t22_aligned) {
-        const int bytes = BM*pid_m + i < H && 32 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t22 + ((BM*pid_m + i) * B + 32 + j) : t22, bytes);
+        const int bytes = BM*pid_m + i < H && BK + j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t22 + ((BM*pid_m + i) * B + BK + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < H && 32 + j + q < B ? t22[(BM*pid_m + i) * B + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < H && BK + j + q < B ? t22[(BM*pid_m + i) * B + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < B) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t19_aligned) {
-        const int bytes = 32 + i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((32 + i) * C + BN*pid_n + j) : t19, bytes);
+        const int bytes = BK + i < B && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t19 + ((BK + i) * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              32 + i < B && BN*pid_n + j + q < C ? t19[(32 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < B && BN*pid_n + j + q < C ? t19[(BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < B) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t22_aligned) {
-        const int bytes = BM*pid_m + i < H && 64 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t22 + ((BM*pid_m + i) * B + 64 + j) : t22, bytes);
+        const int bytes = BM*pid_m + i < H && 2*BK + j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t22 + ((BM*pid_m + i) * B + 2*BK + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < H && 64 + j + q < B ? t22[(BM*pid_m + i) * B + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < H && 2*BK + j + q < B ? t22[(BM*pid_m + i) * B + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < B) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t19_aligned) {
-        const int bytes = 64 + i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((64 + i) * C + BN*pid_n + j) : t19, bytes);
+        const int bytes = 2*BK + i < B && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t19 + ((2*BK + i) * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              64 + i < B && BN*pid_n + j + q < C ? t19[(64 + i) * C + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              2*BK + i < B && BN*pid_n + j + q < C ? t19[(2*BK + i) * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -1695,41 +1731,41 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < B) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t22_aligned) {
-          const int bytes = BM*pid_m + i < H && BK*kb + 96 + j < B ? 16 : 0;
+          const int bytes = BM*pid_m + i < H && BK*kb + 3*BK + j < B ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + 96 + j) : t22, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + 3*BK + j) : t22, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < H && BK*kb + 96 + j + q < B
-                ? t22[(BM*pid_m + i) * B + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < H && BK*kb + 3*BK + j + q < B
+                ? t22[(BM*pid_m + i) * B + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < B) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (t19_aligned) {
-          const int bytes = BK*kb + 96 + i < B && BN*pid_n + j < C ? 16 : 0;
+          const int bytes = BK*kb + 3*BK + i < B && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t19 + ((BK*kb + 96 + i) * C + BN*pid_n + j) : t19, bytes);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t19 + ((BK*kb + 3*BK + i) * C + BN*pid_n + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 96 + i < B && BN*pid_n + j + q < C
-                ? t19[(BK*kb + 96 + i) * C + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 3*BK + i < B && BN*pid_n + j + q < C
+                ? t19[(BK*kb + 3*BK + i) * C + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1737,23 +1773,23 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < H && BN*pid_n + j < C)
           out3[(BM*pid_m + i) * C + BN*pid_n + j] =
@@ -1763,12 +1799,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
 }
 
 // ---- train_step_k15: launch k15 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k15(const float* __restrict__ hidden,
     const float* __restrict__ t21, float* __restrict__ t25, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
@@ -1782,30 +1818,31 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k15(const float* __
 }
 
 // ---- train_step_k16: launch k16 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(H/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __restrict__ t25,
     float* __restrict__ t26, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 128;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  // 16384 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (t25_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t25 + ((BN*pid_n + i) * H + BM*pid_m + j) : t25, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < H ? t25[(BN*pid_n + i) * H + BM*pid_m + j + q]
             : 0;
       }
@@ -1818,18 +1855,18 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k16(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < H && col < B) t26[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k17: launch k17 of train_step: the library's row_sum
-// grid [pid_m < ceil(H/4)], 128 threads per program
+// grid [pid_m < ceil(H/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __restrict__ t26,
     const float lr, const float* __restrict__ b1, float* __restrict__ out2, const long long H,
     const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -1853,30 +1890,31 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
 }
 
 // ---- train_step_k18: launch k18 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(D/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(D/BM)], 128 threads per program
 extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __restrict__ x,
     float* __restrict__ t27, const long long B, const long long D) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 128;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 16384 bytes, given at launch
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  // 16384 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (x_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? x + ((BN*pid_n + i) * D + BM*pid_m + j) : x, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < D ? x[(BN*pid_n + i) * D + BM*pid_m + j + q]
             : 0;
       }
@@ -1889,12 +1927,12 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k18(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < D && col < B) t27[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k19: launch k19 of train_step: the library's gemm
-// grid [pid_n < ceil(H/128), pid_m < ceil(D/128)], 256 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(D/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __restrict__ t27,
     const float* __restrict__ t25, const float lr, const float* __restrict__ w1,
     float* __restrict__ out1, const long long D, const long long B, const long long H) {
@@ -1902,28 +1940,32 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
-  constexpr int THREADS = 256;
-  extern __shared__ __align__(16) unsigned char tsr_smem[];  // 131072 bytes, given at launch
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
+  // 131072 bytes, given at launch
+  extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 65536);
   const bool t27_aligned = tsr_aligned16(t27) && B % 4 == 0;
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t27_aligned) {
-        const int bytes = BM*pid_m + i < D && j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + (i * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < D && j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t27 + ((BM*pid_m + i) * B + j) : t27, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BM*pid_m + i < D && j + q < B ? t27[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
@@ -1931,17 +1973,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t25_aligned) {
-        const int bytes = i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < B && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t25 + (i * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < B && BN*pid_n + j + q < H ? t25[i * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -1949,82 +1991,82 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (32 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (BK < B) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t27_aligned) {
-        const int bytes = BM*pid_m + i < D && 32 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((1 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t27 + ((BM*pid_m + i) * B + 32 + j) : t27, bytes);
+        const int bytes = BM*pid_m + i < D && BK + j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t27 + ((BM*pid_m + i) * B + BK + j) : t27, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(1 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < D && 32 + j + q < B ? t27[(BM*pid_m + i) * B + 32 + j + q] : 0;
+          a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < D && BK + j + q < B ? t27[(BM*pid_m + i) * B + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (32 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (BK < B) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t25_aligned) {
-        const int bytes = 32 + i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((1 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t25 + ((32 + i) * H + BN*pid_n + j) : t25, bytes);
+        const int bytes = BK + i < B && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t25 + ((BK + i) * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(1 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              32 + i < B && BN*pid_n + j + q < H ? t25[(32 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BK + i < B && BN*pid_n + j + q < H ? t25[(BK + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (64 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 8;
-      const int j = e % 8 * 4;
+  if (2*BK < B) {
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t27_aligned) {
-        const int bytes = BM*pid_m + i < D && 64 + j < B ? 16 : 0;
-        tsr_copy_async16(a_tile_smem + ((2 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t27 + ((BM*pid_m + i) * B + 64 + j) : t27, bytes);
+        const int bytes = BM*pid_m + i < D && 2*BK + j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t27 + ((BM*pid_m + i) * B + 2*BK + j) : t27, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[(2 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < D && 64 + j + q < B ? t27[(BM*pid_m + i) * B + 64 + j + q] : 0;
+          a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              BM*pid_m + i < D && 2*BK + j + q < B ? t27[(BM*pid_m + i) * B + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (64 < B) {
-    for (int e = lid; e < 1024; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+  if (2*BK < B) {
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t25_aligned) {
-        const int bytes = 64 + i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy_async16(b_tile_smem + ((2 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t25 + ((64 + i) * H + BN*pid_n + j) : t25, bytes);
+        const int bytes = 2*BK + i < B && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+            bytes ? t25 + ((2*BK + i) * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[(2 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              64 + i < B && BN*pid_n + j + q < H ? t25[(64 + i) * H + BN*pid_n + j + q] : 0;
+          b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+              2*BK + i < B && BN*pid_n + j + q < H ? t25[(2*BK + i) * H + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 8; ++c) {
       const int t = r * 8 + c;
       acc[t] = 0.0f;
@@ -2034,41 +2076,41 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 8;
-        const int j = e % 8 * 4;
+    if (BK*kb + 3*BK < B) {
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t27_aligned) {
-          const int bytes = BM*pid_m + i < D && BK*kb + 96 + j < B ? 16 : 0;
+          const int bytes = BM*pid_m + i < D && BK*kb + 3*BK + j < B ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
-              + (((kb + 3) % 4 * 128 + i) * 32 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + 96 + j) : t27, bytes);
+              + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + 3*BK + j) : t27, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 3) % 4 * 128 + i) * 32 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < D && BK*kb + 96 + j + q < B
-                ? t27[(BM*pid_m + i) * B + BK*kb + 96 + j + q] : 0;
+            a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BM*pid_m + i < D && BK*kb + 3*BK + j + q < B
+                ? t27[(BM*pid_m + i) * B + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 96 < B) {
-      for (int e = lid; e < 1024; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+    if (BK*kb + 3*BK < B) {
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (t25_aligned) {
-          const int bytes = BK*kb + 96 + i < B && BN*pid_n + j < H ? 16 : 0;
+          const int bytes = BK*kb + 3*BK + i < B && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 3) % 4 * 32 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t25 + ((BK*kb + 96 + i) * H + BN*pid_n + j) : t25, bytes);
+              + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
+              bytes ? t25 + ((BK*kb + 3*BK + i) * H + BN*pid_n + j) : t25, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 3) % 4 * 32 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BK*kb + 96 + i < B && BN*pid_n + j + q < H
-                ? t25[(BK*kb + 96 + i) * H + BN*pid_n + j + q] : 0;
+            b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+                BK*kb + 3*BK + i < B && BN*pid_n + j + q < H
+                ? t25[(BK*kb + 3*BK + i) * H + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -2076,23 +2118,23 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     tsr_copy_commit();
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
-      float a_k[8], b_k[8];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[((kb) % 4 * 128 + ty + r * 16) * 32
-          + (kk / 4 ^ (ty + r * 16) % 8) * 4 + kk % 4];
+      float a_k[RM], b_k[8];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[((kb) % 4 * BM + ty + r * TY) * BK
+          + (kk / 4 ^ (ty + r * TY) % 8) * 4 + kk % 4];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = b_tile_smem[((kb) % 4 * 32 + kk) * 128 + ((tx + c * 16) / 4 ^ kk % 8) * 4
-          + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[((kb) % 4 * BK + kk) * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4
+          + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 8; ++c) acc[r * 8 + c] = fmaf(a_k[r], b_k[c], acc[r * 8 + c]);
       }
     }
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 16;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 8; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 8 + c;
       if (BM*pid_m + i < D && BN*pid_n + j < H)
           out1[(BM*pid_m + i) * H + BN*pid_n + j] =

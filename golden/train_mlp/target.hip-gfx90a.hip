@@ -41,6 +41,16 @@
 __device__ inline float tsr_infinity() { return INFINITY; }
 __device__ inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 64 };
+
+// The accumulator fragment of one matrix instruction on one warp: TSR_MMA_M rows by
+// TSR_MMA_N columns, TSR_MMA_REGS registers a lane, in TSR_LANE_ROWS rows of it.
+enum { TSR_MMA_M = 32, TSR_MMA_N = 32, TSR_MMA_REGS = 16, TSR_LANE_ROWS = 16 };
+
 // ---------------------------------------------------------------- matrix cores
 
 // Operand and accumulator vectors of the MFMA built-ins.
@@ -49,6 +59,10 @@ typedef _Float16 tsr_halfx4 __attribute__((ext_vector_type(4)));
 typedef float tsr_floatx16 __attribute__((ext_vector_type(16)));
 
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -96,7 +110,7 @@ __device__ inline float tsr_group_max(float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- loss_k0: launch k0 of loss: the library's gemm
-// grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restrict__ x,
     const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden,
     const long long B, const long long D, const long long H) {
@@ -104,28 +118,31 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && H % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -133,29 +150,29 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -163,17 +180,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < D ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < D ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + BK + j + q < D
                 ? x[(BM*pid_m + i) * D + BK*kb + BK + j + q] : 0;
           }
@@ -182,17 +199,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < H ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w1 + ((BK*kb + BK + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < D && BN*pid_n + j + q < H
                 ? w1[(BK*kb + BK + i) * H + BN*pid_n + j + q] : 0;
           }
@@ -200,33 +217,39 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanhf((acc[t] + (b1[BN*pid_n + j]))));
     }
@@ -234,7 +257,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k0(const float* __restric
 }
 
 // ---- loss_k1: launch k1 of loss: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(B/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restrict__ hidden,
     const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits,
     const long long B, const long long H, const long long C) {
@@ -242,28 +265,31 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && j < H ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
         }
       }
@@ -271,29 +297,29 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -301,17 +327,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < H) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (hidden_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < H ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < H ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + BK + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + BK + j + q < H
                 ? hidden[(BM*pid_m + i) * H + BK*kb + BK + j + q] : 0;
           }
@@ -320,17 +346,17 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < H) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + BK + i < H && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w2 + ((BK*kb + BK + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < H && BN*pid_n + j + q < C
                 ? w2[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -338,33 +364,39 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < H - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
           logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
     }
@@ -372,13 +404,13 @@ extern "C" __global__ void __launch_bounds__(256) loss_k1(const float* __restric
 }
 
 // ---- loss_k2: launch k2 of loss: the library's log_softmax
-// grid [pid_m < ceil(B/4)], 256 threads per program
+// grid [pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restrict__ logits,
     const float* __restrict__ target, float* __restrict__ t4, const long long B,
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -416,12 +448,12 @@ extern "C" __global__ void __launch_bounds__(256) loss_k2(const float* __restric
 }
 
 // ---- loss_k3: launch k3 of loss: the library's row_sum
-// grid [pid_m < ceil(B/4)], 256 threads per program
+// grid [pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) loss_k3(const float* __restrict__ t4,
     float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -440,12 +472,12 @@ extern "C" __global__ void __launch_bounds__(256) loss_k3(const float* __restric
 }
 
 // ---- loss_k4: launch k4 of loss: the library's row_mean
-// grid [pid_m < ceil(1/4)], 256 threads per program
+// grid [pid_m < ceil(1/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) loss_k4(const float* __restrict__ t5,
     float* __restrict__ out, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
@@ -477,7 +509,7 @@ extern "C" __global__ void __launch_bounds__(256) loss_k4(const float* __restric
 }
 
 // ---- train_step_k0: launch k0 of train_step: the library's gemm
-// grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __restrict__ x,
     const float* __restrict__ w1, const float* __restrict__ b1, float* __restrict__ hidden,
     const long long B, const long long D, const long long H) {
@@ -485,28 +517,31 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && H % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < D ? x[(BM*pid_m + i) * D + j + q] : 0;
         }
       }
@@ -514,29 +549,29 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < D) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + (i * H + BN*pid_n + j) : w1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < D && BN*pid_n + j + q < H ? w1[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -544,17 +579,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < D ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < D ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? x + ((BM*pid_m + i) * D + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + BK + j + q < D
                 ? x[(BM*pid_m + i) * D + BK*kb + BK + j + q] : 0;
           }
@@ -563,17 +598,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < D) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w1_aligned) {
-          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < H ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w1 + ((BK*kb + BK + i) * H + BN*pid_n + j) : w1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < D && BN*pid_n + j + q < H
                 ? w1[(BK*kb + BK + i) * H + BN*pid_n + j + q] : 0;
           }
@@ -581,33 +616,39 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < D - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanhf((acc[t] + (b1[BN*pid_n + j]))));
     }
@@ -615,7 +656,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k0(const float* __r
 }
 
 // ---- train_step_k1: launch k1 of train_step: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(B/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __restrict__ hidden,
     const float* __restrict__ w2, const float* __restrict__ b2, float* __restrict__ logits,
     const long long B, const long long H, const long long C) {
@@ -623,28 +664,31 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < H) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && j < H ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + j) : hidden, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < H ? hidden[(BM*pid_m + i) * H + j + q] : 0;
         }
       }
@@ -652,29 +696,29 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < H) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + (i * C + BN*pid_n + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < H && BN*pid_n + j + q < C ? w2[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -682,17 +726,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < H) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (hidden_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < H ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < H ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + BK + j) : hidden, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + BK + j + q < H
                 ? hidden[(BM*pid_m + i) * H + BK*kb + BK + j + q] : 0;
           }
@@ -701,17 +745,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < H) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BK*kb + BK + i < H && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? w2 + ((BK*kb + BK + i) * C + BN*pid_n + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < H && BN*pid_n + j + q < C
                 ? w2[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -719,33 +763,39 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < H - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < H - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
           logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
     }
@@ -753,12 +803,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k1(const float* __r
 }
 
 // ---- train_step_k2: launch k2 of train_step: the library's log_softmax
-// grid [pid_m < ceil(B/4)], 256 threads per program
+// grid [pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __restrict__ logits,
     float* __restrict__ t3, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -794,12 +844,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k2(const float* __r
 }
 
 // ---- train_step_k3: launch k3 of train_step: the library's row_sum
-// grid [pid_m < ceil(B/4)], 256 threads per program
+// grid [pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k3(const float* __restrict__ target,
     const float* __restrict__ t3, float* __restrict__ t5, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -819,12 +869,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k3(const float* __r
 }
 
 // ---- train_step_k4: launch k4 of train_step: the library's row_mean
-// grid [pid_m < ceil(1/4)], 256 threads per program
+// grid [pid_m < ceil(1/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k4(const float* __restrict__ t5,
     float* __restrict__ t8, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
@@ -856,12 +906,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k4(const float* __r
 }
 
 // ---- train_step_k5: launch k5 of train_step: the library's elementwise
-// grid [pid_m < ceil(1/1024)], 512 threads per program
+// grid [pid_m < ceil(1/BM)], 512 threads per program
 extern "C" __global__ void __launch_bounds__(512) train_step_k5(const float* __restrict__ t8,
     float* __restrict__ out0) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
-  constexpr int THREADS = 512;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < BM; e += THREADS) {
@@ -870,12 +920,12 @@ extern "C" __global__ void __launch_bounds__(512) train_step_k5(const float* __r
 }
 
 // ---- train_step_k6: launch k6 of train_step: the library's elementwise
-// grid [pid_m < ceil(1/1024)], 512 threads per program
+// grid [pid_m < ceil(1/BM)], 512 threads per program
 extern "C" __global__ void __launch_bounds__(512) train_step_k6(const float* __restrict__ t8,
     float* __restrict__ t12) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
-  constexpr int THREADS = 512;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < BM; e += THREADS) {
@@ -885,12 +935,12 @@ extern "C" __global__ void __launch_bounds__(512) train_step_k6(const float* __r
 }
 
 // ---- train_step_k7: launch k7 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/1024)], 512 threads per program
+// grid [pid_m < ceil(B/BM)], 512 threads per program
 extern "C" __global__ void __launch_bounds__(512) train_step_k7(const float* __restrict__ t5,
     const float* __restrict__ t12, float* __restrict__ t16, const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
-  constexpr int THREADS = 512;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float float_B = (float)(B);
@@ -901,13 +951,13 @@ extern "C" __global__ void __launch_bounds__(512) train_step_k7(const float* __r
 }
 
 // ---- train_step_k8: launch k8 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 256 threads per program
+// grid [pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k8(const float* __restrict__ t16,
     const float* __restrict__ target, float* __restrict__ t18, const long long B,
     const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   #pragma unroll
@@ -920,12 +970,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k8(const float* __r
 }
 
 // ---- train_step_k9: launch k9 of train_step: the library's log_softmax_grad
-// grid [pid_m < ceil(B/4)], 256 threads per program
+// grid [pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __restrict__ t3,
     const float* __restrict__ t18, float* __restrict__ t19, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
@@ -949,30 +999,30 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k9(const float* __r
 }
 
 // ---- train_step_k10: launch k10 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(C/64)], 256 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(C/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k10(const float* __restrict__ t19,
     float* __restrict__ t20, const long long B, const long long C) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (t19_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t19 + ((BN*pid_n + i) * C + BM*pid_m + j) : t19, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < C ? t19[(BN*pid_n + i) * C + BM*pid_m + j + q]
             : 0;
       }
@@ -985,18 +1035,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k10(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < C && col < B) t20[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k11: launch k11 of train_step: the library's row_sum
-// grid [pid_m < ceil(C/4)], 256 threads per program
+// grid [pid_m < ceil(C/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __restrict__ t20,
     const float lr, const float* __restrict__ b2, float* __restrict__ out4, const long long C,
     const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -1020,7 +1070,7 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k11(const float* __
 }
 
 // ---- train_step_k12: launch k12 of train_step: the library's gemm_nt
-// grid [pid_n < ceil(H/128), pid_m < ceil(B/128)], 256 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __restrict__ t19,
     const float* __restrict__ w2, float* __restrict__ t21, const long long B, const long long C,
     const long long H) {
@@ -1028,28 +1078,31 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BM*pid_m + i < B && j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t19 + ((BM*pid_m + i) * C + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && j + q < C ? t19[(BM*pid_m + i) * C + j + q] : 0;
         }
       }
@@ -1057,29 +1110,29 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
   }
   // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
   if (0 < C) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BN*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BN*pid_n + i < H && j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BN*pid_n + i < H && j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? w2 + ((BN*pid_n + i) * C + j) : w2, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BN*pid_n + i < H && j + q < C ? w2[(BN*pid_n + i) * C + j + q] : 0;
         }
       }
     }
   }
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1087,17 +1140,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     __syncthreads();
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t19_aligned) {
-          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < B && BK*kb + BK + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + BK + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < B && BK*kb + BK + j + q < C
                 ? t19[(BM*pid_m + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -1106,17 +1159,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
     if (BK*kb + BK < C) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BN*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (w2_aligned) {
-          const int bytes = BN*pid_n + i < H && BK*kb + BK + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BN*pid_n + i < H && BK*kb + BK + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BN + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + BK + j) : w2, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BN + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BN*pid_n + i < H && BK*kb + BK + j + q < C
                 ? w2[(BN*pid_n + i) * C + BK*kb + BK + j + q] : 0;
           }
@@ -1124,62 +1177,69 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k12(const float* __
       }
     }
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
-    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < C - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 128 + wave % 2 * 64 + fn * 32 + lane % 32)
-              * 16 + ((kk + lane / 32) / 4 ^ (wave % 2 * 64 + fn * 32 + lane % 32) % 4) * 4
-              + (kk + lane / 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BN + wave % 2 * WARP_N + fn * TSR_MMA_N
+              + lane % TSR_MMA_N) * BK
+              + ((kk + lane / TSR_MMA_M)
+              / 4 ^ (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4) * 4
+              + (kk + lane / TSR_MMA_M) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < B && BN*pid_n + j < H) t21[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
   }
 }
 
 // ---- train_step_k13: launch k13 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 256 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(H/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __restrict__ hidden,
     float* __restrict__ t22, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (hidden_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? hidden + ((BN*pid_n + i) * H + BM*pid_m + j) : hidden, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < H
             ? hidden[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
       }
@@ -1192,12 +1252,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k13(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < H && col < B) t22[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k14: launch k14 of train_step: the library's gemm
-// grid [pid_n < ceil(C/128), pid_m < ceil(H/128)], 256 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(H/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __restrict__ t22,
     const float* __restrict__ t19, const float lr, const float* __restrict__ w2,
     float* __restrict__ out3, const long long H, const long long B, const long long C) {
@@ -1205,28 +1265,31 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t22_aligned = tsr_aligned16(t22) && B % 4 == 0;
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t22_aligned) {
-        const int bytes = BM*pid_m + i < H && j < B ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < H && j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t22 + ((BM*pid_m + i) * B + j) : t22, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < H && j + q < B ? t22[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
@@ -1234,29 +1297,29 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t19_aligned) {
-        const int bytes = i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < B && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + (i * C + BN*pid_n + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < B && BN*pid_n + j + q < C ? t19[i * C + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1264,17 +1327,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < B) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t22_aligned) {
-          const int bytes = BM*pid_m + i < H && BK*kb + BK + j < B ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < H && BK*kb + BK + j < B ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + BK + j) : t22, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < H && BK*kb + BK + j + q < B
                 ? t22[(BM*pid_m + i) * B + BK*kb + BK + j + q] : 0;
           }
@@ -1283,17 +1346,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < B) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (t19_aligned) {
-          const int bytes = BK*kb + BK + i < B && BN*pid_n + j < C ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < B && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? t19 + ((BK*kb + BK + i) * C + BN*pid_n + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < B && BN*pid_n + j + q < C
                 ? t19[(BK*kb + BK + i) * C + BN*pid_n + j + q] : 0;
           }
@@ -1301,33 +1364,39 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < B - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < H && BN*pid_n + j < C)
           out3[(BM*pid_m + i) * C + BN*pid_n + j] =
           ((w2[(BM*pid_m + i) * C + BN*pid_n + j]) - (lr * acc[t]));
@@ -1336,12 +1405,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k14(const float* __
 }
 
 // ---- train_step_k15: launch k15 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 256 threads per program
+// grid [pid_m < ceil(B/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __restrict__ hidden,
     const float* __restrict__ t21, float* __restrict__ t25, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   #pragma unroll
@@ -1355,30 +1424,30 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k15(const float* __
 }
 
 // ---- train_step_k16: launch k16 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 256 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(H/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k16(const float* __restrict__ t25,
     float* __restrict__ t26, const long long B, const long long H) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (t25_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t25 + ((BN*pid_n + i) * H + BM*pid_m + j) : t25, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < H ? t25[(BN*pid_n + i) * H + BM*pid_m + j + q]
             : 0;
       }
@@ -1391,18 +1460,18 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k16(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < H && col < B) t26[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k17: launch k17 of train_step: the library's row_sum
-// grid [pid_m < ceil(H/4)], 256 threads per program
+// grid [pid_m < ceil(H/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __restrict__ t26,
     const float lr, const float* __restrict__ b1, float* __restrict__ out2, const long long H,
     const long long B) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 4;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -1426,30 +1495,30 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k17(const float* __
 }
 
 // ---- train_step_k18: launch k18 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(D/64)], 256 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(D/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __restrict__ x,
     float* __restrict__ t27, const long long B, const long long D) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (x_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? x + ((BN*pid_n + i) * D + BM*pid_m + j) : x, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < D ? x[(BN*pid_n + i) * D + BM*pid_m + j + q]
             : 0;
       }
@@ -1462,12 +1531,12 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k18(const float* __
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < D && col < B) t27[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k19: launch k19 of train_step: the library's gemm
-// grid [pid_n < ceil(H/128), pid_m < ceil(D/128)], 256 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(D/BM)], 256 threads per program
 extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __restrict__ t27,
     const float* __restrict__ t25, const float lr, const float* __restrict__ w1,
     float* __restrict__ out1, const long long D, const long long B, const long long H) {
@@ -1475,28 +1544,31 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
-  constexpr int THREADS = 256;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(16)));
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 64;
+  constexpr int WARP_N = 64;
+  constexpr int MMA_K = 2;
+  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 16384);
   const bool t27_aligned = tsr_aligned16(t27) && B % 4 == 0;
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
-  const int lane = lid % 64, wave = lid / 64;
+  const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
   if (0 < B) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t27_aligned) {
-        const int bytes = BM*pid_m + i < D && j < B ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < D && j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t27 + ((BM*pid_m + i) * B + j) : t27, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < D && j + q < B ? t27[(BM*pid_m + i) * B + j + q] : 0;
         }
       }
@@ -1504,29 +1576,29 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
   if (0 < B) {
-    for (int e = lid; e < 512; e += THREADS) {
-      const int i = e / 32;
-      const int j = e % 32 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t25_aligned) {
-        const int bytes = i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = i < B && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t25 + (i * H + BN*pid_n + j) : t25, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               i < B && BN*pid_n + j + q < H ? t25[i * H + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[64];
+  float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
       acc[t] = 0.0f;
     }
   }
@@ -1534,17 +1606,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     if (BK*kb + BK < B) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 4;
+      for (int e = lid; e < BM*BK / 4; e += THREADS) {
+        const int i = e / (BK / 4);
+        const int j = e % (BK / 4) * 4;
         if (t27_aligned) {
-          const int bytes = BM*pid_m + i < D && BK*kb + BK + j < B ? 16 : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * 128 + i) * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+          const int bytes = BM*pid_m + i < D && BK*kb + BK + j < B ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
               bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + BK + j) : t27, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            a_tile_smem[((kb + 1) % 2 * 128 + i) * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
                 BM*pid_m + i < D && BK*kb + BK + j + q < B
                 ? t27[(BM*pid_m + i) * B + BK*kb + BK + j + q] : 0;
           }
@@ -1553,17 +1625,17 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
     if (BK*kb + BK < B) {
-      for (int e = lid; e < 512; e += THREADS) {
-        const int i = e / 32;
-        const int j = e % 32 * 4;
+      for (int e = lid; e < BK*BN / 4; e += THREADS) {
+        const int i = e / (BN / 4);
+        const int j = e % (BN / 4) * 4;
         if (t25_aligned) {
-          const int bytes = BK*kb + BK + i < B && BN*pid_n + j < H ? 16 : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * 16 + i) * 128 + (j / 4 ^ i % 8) * 4 + j % 4),
+          const int bytes = BK*kb + BK + i < B && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
               bytes ? t25 + ((BK*kb + BK + i) * H + BN*pid_n + j) : t25, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            b_tile_smem[((kb + 1) % 2 * 16 + i) * 128 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
                 BK*kb + BK + i < B && BN*pid_n + j + q < H
                 ? t25[(BK*kb + BK + i) * H + BN*pid_n + j + q] : 0;
           }
@@ -1571,33 +1643,39 @@ extern "C" __global__ void __launch_bounds__(256) train_step_k19(const float* __
       }
     }
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    for (int kk = 0; kk < BK && kk < B - BK*kb; kk += 2) {
+    for (int kk = 0; kk < BK && kk < B - BK*kb; kk += MMA_K) {
       #pragma unroll
-      for (int fm = 0; fm < 2; ++fm) {
-        const float a_frag = a_tile_smem[((kb) % 2 * 128 + wave / 2 * 64 + fm * 32 + lane % 32)
-            * 16 + ((kk + lane / 32) / 4 ^ (wave / 2 * 64 + fm * 32 + lane % 32) % 4) * 4
-            + (kk + lane / 32) % 4];
+      for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
+        const float a_frag = a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            + lane % TSR_MMA_M) * BK
+            + ((kk + lane / TSR_MMA_M)
+            / 4 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 4
+            + (kk + lane / TSR_MMA_M) % 4];
         #pragma unroll
-        for (int fn = 0; fn < 2; ++fn) {
-          const float b_frag = b_tile_smem[((kb) % 2 * 16 + kk + lane / 32) * 128
-              + ((wave % 2 * 64 + fn * 32 + lane % 32) / 4 ^ (kk + lane / 32) % 8) * 4
-              + (wave % 2 * 64 + fn * 32 + lane % 32) % 4];
+        for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
+          const float b_frag = b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M) * BN
+              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
+              / 4 ^ (kk + lane / TSR_MMA_M) % 8) * 4
+              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 4];
           tsr_floatx16 frag_acc;
-          for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = acc[(fm * 2 + fn) * 16 + reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];
           frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
-          for (int reg = 0; reg < 16; ++reg) acc[(fm * 2 + fn) * 16 + reg] = frag_acc[reg];
+          for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
+              acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg] = frag_acc[reg];
         }
       }
     }
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
   #pragma unroll
-  for (int frag = 0; frag < 4; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
     #pragma unroll
-    for (int reg = 0; reg < 16; ++reg) {
-      const int i = wave / 2 * 64 + frag / 2 * 32 + reg / 4 * 8 + lane / 32 * 4 + reg % 4;
-      const int j = wave % 2 * 64 + frag % 2 * 32 + lane % 32;
-      const int t = frag * 16 + reg;
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int i = wave / 2 * WARP_M + frag / (WARP_N / TSR_MMA_N) * TSR_MMA_M + reg / 4 * 8
+          + lane / TSR_MMA_N * 4 + reg % 4;
+      const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
+      const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < D && BN*pid_n + j < H)
           out1[(BM*pid_m + i) * H + BN*pid_n + j] =
           ((w1[(BM*pid_m + i) * H + BN*pid_n + j]) - (lr * acc[t]));

@@ -41,7 +41,17 @@
 inline float tsr_infinity() { return INFINITY; }
 inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -89,7 +99,7 @@ inline float tsr_group_max(__local float* scratch, float value) {
 // end of the Tessera tile primitives
 
 // ---- loss_k0: launch k0 of loss: the library's gemm
-// grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k0(__global const float* restrict x, __global const float* restrict w1,
     __global const float* restrict b1, __global float* restrict hidden, const long B,
@@ -98,18 +108,21 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && H % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -118,31 +131,31 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
   for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + ((BK*kb + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < D && BN*pid_n + j + q < H ? w1[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -150,21 +163,21 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanh((acc[t] + (b1[BN*pid_n + j]))));
@@ -173,7 +186,7 @@ void loss_k0(__global const float* restrict x, __global const float* restrict w1
 }
 
 // ---- loss_k1: launch k1 of loss: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(B/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k1(__global const float* restrict hidden, __global const float* restrict w2,
     __global const float* restrict b2, __global float* restrict logits, const long B,
@@ -182,18 +195,21 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -202,32 +218,32 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
   for (long kb = 0; kb * BK < H; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + j) : hidden, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && BK*kb + j + q < H ? hidden[(BM*pid_m + i) * H + BK*kb + j + q]
               : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < H && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -235,21 +251,21 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
           logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
@@ -258,13 +274,13 @@ void loss_k1(__global const float* restrict hidden, __global const float* restri
 }
 
 // ---- loss_k2: launch k2 of loss: the library's log_softmax
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k2(__global const float* restrict logits, __global const float* restrict target,
     __global float* restrict t4, const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -298,13 +314,13 @@ void loss_k2(__global const float* restrict logits, __global const float* restri
 }
 
 // ---- loss_k3: launch k3 of loss: the library's row_sum
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k3(__global const float* restrict t4, __global float* restrict t5, const long B,
     const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -321,12 +337,12 @@ void loss_k3(__global const float* restrict t4, __global float* restrict t5, con
 }
 
 // ---- loss_k4: launch k4 of loss: the library's row_mean
-// grid [pid_m < ceil(1/4)], 128 threads per program
+// grid [pid_m < ceil(1/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void loss_k4(__global const float* restrict t5, __global float* restrict out, const long B) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
@@ -354,7 +370,7 @@ void loss_k4(__global const float* restrict t5, __global float* restrict out, co
 }
 
 // ---- train_step_k0: launch k0 of train_step: the library's gemm
-// grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k0(__global const float* restrict x, __global const float* restrict w1,
     __global const float* restrict b1, __global float* restrict hidden, const long B,
@@ -363,18 +379,21 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && H % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -383,31 +402,31 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
   for (long kb = 0; kb * BK < D; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + ((BK*kb + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < D && BN*pid_n + j + q < H ? w1[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -415,21 +434,21 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (tanh((acc[t] + (b1[BN*pid_n + j]))));
@@ -438,7 +457,7 @@ void train_step_k0(__global const float* restrict x, __global const float* restr
 }
 
 // ---- train_step_k1: launch k1 of train_step: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(B/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k1(__global const float* restrict hidden, __global const float* restrict w2,
     __global const float* restrict b2, __global float* restrict logits, const long B,
@@ -447,18 +466,21 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -467,32 +489,32 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
   for (long kb = 0; kb * BK < H; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + j) : hidden, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && BK*kb + j + q < H ? hidden[(BM*pid_m + i) * H + BK*kb + j + q]
               : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < H && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -500,21 +522,21 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
           logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
@@ -523,13 +545,13 @@ void train_step_k1(__global const float* restrict hidden, __global const float* 
 }
 
 // ---- train_step_k2: launch k2 of train_step: the library's log_softmax
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k2(__global const float* restrict logits, __global float* restrict t3,
     const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
@@ -561,13 +583,13 @@ void train_step_k2(__global const float* restrict logits, __global float* restri
 }
 
 // ---- train_step_k3: launch k3 of train_step: the library's row_sum
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k3(__global const float* restrict target, __global const float* restrict t3,
     __global float* restrict t5, const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -585,12 +607,12 @@ void train_step_k3(__global const float* restrict target, __global const float* 
 }
 
 // ---- train_step_k4: launch k4 of train_step: the library's row_mean
-// grid [pid_m < ceil(1/4)], 128 threads per program
+// grid [pid_m < ceil(1/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k4(__global const float* restrict t5, __global float* restrict t8, const long B) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
@@ -618,12 +640,12 @@ void train_step_k4(__global const float* restrict t5, __global float* restrict t
 }
 
 // ---- train_step_k5: launch k5 of train_step: the library's elementwise
-// grid [pid_m < ceil(1/1024)], 256 threads per program
+// grid [pid_m < ceil(1/BM)], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k5(__global const float* restrict t8, __global float* restrict out0) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
-  enum { THREADS = 256 };
+  enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long e = lid; e < BM; e += THREADS) {
@@ -632,12 +654,12 @@ void train_step_k5(__global const float* restrict t8, __global float* restrict o
 }
 
 // ---- train_step_k6: launch k6 of train_step: the library's elementwise
-// grid [pid_m < ceil(1/1024)], 256 threads per program
+// grid [pid_m < ceil(1/BM)], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k6(__global const float* restrict t8, __global float* restrict t12) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
-  enum { THREADS = 256 };
+  enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long e = lid; e < BM; e += THREADS) {
@@ -647,13 +669,13 @@ void train_step_k6(__global const float* restrict t8, __global float* restrict t
 }
 
 // ---- train_step_k7: launch k7 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/1024)], 256 threads per program
+// grid [pid_m < ceil(B/BM)], 256 threads per program
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
 void train_step_k7(__global const float* restrict t5, __global const float* restrict t12,
     __global float* restrict t16, const long B) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
-  enum { THREADS = 256 };
+  enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float float_B = (float)(B);
@@ -664,13 +686,13 @@ void train_step_k7(__global const float* restrict t5, __global const float* rest
 }
 
 // ---- train_step_k8: launch k8 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k8(__global const float* restrict t16, __global const float* restrict target,
     __global float* restrict t18, const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < BM; ++i) {
@@ -682,13 +704,13 @@ void train_step_k8(__global const float* restrict t16, __global const float* res
 }
 
 // ---- train_step_k9: launch k9 of train_step: the library's log_softmax_grad
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k9(__global const float* restrict t3, __global const float* restrict t18,
     __global float* restrict t19, const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
@@ -710,30 +732,30 @@ void train_step_k9(__global const float* restrict t3, __global const float* rest
 }
 
 // ---- train_step_k10: launch k10 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(C/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(C/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k10(__global const float* restrict t19, __global float* restrict t20,
     const long B, const long C) {
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[16384] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  __local uchar tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (t19_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t19 + ((BN*pid_n + i) * C + BM*pid_m + j) : t19, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < C ? t19[(BN*pid_n + i) * C + BM*pid_m + j + q]
             : 0;
       }
@@ -746,18 +768,18 @@ void train_step_k10(__global const float* restrict t19, __global float* restrict
     const long j = e - i * BN;
     const long col = BN*pid_n + j;
     if (row < C && col < B) t20[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k11: launch k11 of train_step: the library's row_sum
-// grid [pid_m < ceil(C/4)], 128 threads per program
+// grid [pid_m < ceil(C/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k11(__global const float* restrict t20, const float lr,
     __global const float* restrict b2, __global float* restrict out4, const long C, const long B) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -779,7 +801,7 @@ void train_step_k11(__global const float* restrict t20, const float lr,
 }
 
 // ---- train_step_k12: launch k12 of train_step: the library's gemm_nt
-// grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k12(__global const float* restrict t19, __global const float* restrict w2,
     __global float* restrict t21, const long B, const long C, const long H) {
@@ -787,18 +809,21 @@ void train_step_k12(__global const float* restrict t19, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -807,31 +832,31 @@ void train_step_k12(__global const float* restrict t19, __global const float* re
   for (long kb = 0; kb * BK < C; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BM*pid_m + i < B && BK*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && BK*kb + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && BK*kb + j + q < C ? t19[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BN*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BN*pid_n + i < H && BK*kb + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BN*pid_n + i < H && BK*kb + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BN*pid_n + i < H && BK*kb + j + q < C ? w2[(BN*pid_n + i) * C + BK*kb + j + q] : 0;
         }
       }
@@ -839,20 +864,20 @@ void train_step_k12(__global const float* restrict t19, __global const float* re
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[(tx + c * 16) * 16 + (kk / 4 ^ (tx + c * 16) % 4) * 4 + kk % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[(tx + c * TX) * BK + (kk / 4 ^ (tx + c * TX) % 4) * 4 + kk % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H) t21[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
@@ -860,30 +885,30 @@ void train_step_k12(__global const float* restrict t19, __global const float* re
 }
 
 // ---- train_step_k13: launch k13 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(H/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k13(__global const float* restrict hidden, __global float* restrict t22,
     const long B, const long H) {
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[16384] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  __local uchar tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (hidden_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? hidden + ((BN*pid_n + i) * H + BM*pid_m + j) : hidden, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < H
             ? hidden[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
       }
@@ -896,12 +921,12 @@ void train_step_k13(__global const float* restrict hidden, __global float* restr
     const long j = e - i * BN;
     const long col = BN*pid_n + j;
     if (row < H && col < B) t22[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k14: launch k14 of train_step: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(H/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(H/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k14(__global const float* restrict t22, __global const float* restrict t19,
     const float lr, __global const float* restrict w2, __global float* restrict out3,
@@ -910,18 +935,21 @@ void train_step_k14(__global const float* restrict t22, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t22_aligned = tsr_aligned16(t22) && B % 4 == 0;
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -930,31 +958,31 @@ void train_step_k14(__global const float* restrict t22, __global const float* re
   for (long kb = 0; kb * BK < B; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t22_aligned) {
-        const int bytes = BM*pid_m + i < H && BK*kb + j < B ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < H && BK*kb + j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + j) : t22, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < H && BK*kb + j + q < B ? t22[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BK*kb + i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < B && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + ((BK*kb + i) * C + BN*pid_n + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < B && BN*pid_n + j + q < C ? t19[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -962,21 +990,21 @@ void train_step_k14(__global const float* restrict t22, __global const float* re
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < H && BN*pid_n + j < C)
           out3[(BM*pid_m + i) * C + BN*pid_n + j] =
@@ -986,13 +1014,13 @@ void train_step_k14(__global const float* restrict t22, __global const float* re
 }
 
 // ---- train_step_k15: launch k15 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k15(__global const float* restrict hidden, __global const float* restrict t21,
     __global float* restrict t25, const long B, const long H) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int i = 0; i < BM; ++i) {
@@ -1005,30 +1033,30 @@ void train_step_k15(__global const float* restrict hidden, __global const float*
 }
 
 // ---- train_step_k16: launch k16 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(H/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k16(__global const float* restrict t25, __global float* restrict t26,
     const long B, const long H) {
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[16384] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  __local uchar tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (t25_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t25 + ((BN*pid_n + i) * H + BM*pid_m + j) : t25, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < H ? t25[(BN*pid_n + i) * H + BM*pid_m + j + q]
             : 0;
       }
@@ -1041,18 +1069,18 @@ void train_step_k16(__global const float* restrict t25, __global float* restrict
     const long j = e - i * BN;
     const long col = BN*pid_n + j;
     if (row < H && col < B) t26[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k17: launch k17 of train_step: the library's row_sum
-// grid [pid_m < ceil(H/4)], 128 threads per program
+// grid [pid_m < ceil(H/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k17(__global const float* restrict t26, const float lr,
     __global const float* restrict b1, __global float* restrict out2, const long H, const long B) {
   const int lid = get_local_id(0);
   enum { BM = 4 };
-  enum { THREADS = 128 };
+  enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
@@ -1074,30 +1102,30 @@ void train_step_k17(__global const float* restrict t26, const float lr,
 }
 
 // ---- train_step_k18: launch k18 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(D/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(D/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k18(__global const float* restrict x, __global float* restrict t27, const long B,
     const long D) {
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[16384] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  __local uchar tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const operand_smem = (__local float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (x_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? x + ((BN*pid_n + i) * D + BM*pid_m + j) : x, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < D ? x[(BN*pid_n + i) * D + BM*pid_m + j + q]
             : 0;
       }
@@ -1110,12 +1138,12 @@ void train_step_k18(__global const float* restrict x, __global float* restrict t
     const long j = e - i * BN;
     const long col = BN*pid_n + j;
     if (row < D && col < B) t27[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k19: launch k19 of train_step: the library's gemm
-// grid [pid_n < ceil(H/64), pid_m < ceil(D/64)], 128 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(D/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
 void train_step_k19(__global const float* restrict t27, __global const float* restrict t25,
     const float lr, __global const float* restrict w1, __global float* restrict out1,
@@ -1124,18 +1152,21 @@ void train_step_k19(__global const float* restrict t27, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
-  enum { THREADS = 128 };
-  __local uchar tsr_smem[8192] __attribute__((aligned(16)));
+  enum { THREADS = 4*TSR_WARP_SIZE };
+  enum { TX = 16 };
+  enum { TY = THREADS / TX };
+  enum { RM = BM / TY };
+  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local float* const a_tile_smem = (__local float*)(tsr_smem + 0);
   __local float* const b_tile_smem = (__local float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t27_aligned = tsr_aligned16(t27) && B % 4 == 0;
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1144,31 +1175,31 @@ void train_step_k19(__global const float* restrict t27, __global const float* re
   for (long kb = 0; kb * BK < B; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t27_aligned) {
-        const int bytes = BM*pid_m + i < D && BK*kb + j < B ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < D && BK*kb + j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + j) : t27, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < D && BK*kb + j + q < B ? t27[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t25_aligned) {
-        const int bytes = BK*kb + i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < B && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t25 + ((BK*kb + i) * H + BN*pid_n + j) : t25, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < B && BN*pid_n + j + q < H ? t25[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -1176,21 +1207,21 @@ void train_step_k19(__global const float* restrict t27, __global const float* re
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < D && BN*pid_n + j < H)
           out1[(BM*pid_m + i) * H + BN*pid_n + j] =

@@ -43,7 +43,17 @@
 inline float tsr_infinity() { return INFINITY; }
 inline float tsr_nan() { return NAN; }
 
+// The lanes of a warp (a wavefront on AMD GPUs): a program's threads are whole warps,
+// and the matrix instructions' fragments and the lanes' shuffles lie over them.
+// (The header's constants are enumerators: a constant expression in every dialect, and
+// no unused variable in a file that reads only some of them.)
+enum { TSR_WARP_SIZE = 32 };
+
 // ---------------------------------------------------------------- chunk copies
+
+// The bytes of a chunk: what one copy instruction moves, and what a shared-memory arena
+// is aligned to.
+enum { TSR_CHUNK_BYTES = 16 };
 
 // A tile row moves in 16-byte chunks only when the tensor's rows start on 16 bytes: the
 // pointer is aligned, and so is every row's length (which the caller checks). A chunk
@@ -92,7 +102,7 @@ inline float tsr_group_max(const sycl::nd_item<3>& it, float* scratch, float val
 // end of the Tessera tile primitives
 
 // ---- loss_k0: launch k0 of loss: the library's gemm
-// grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 128 threads per program
 inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
     const float* __restrict__ b1, float* __restrict__ hidden, const long long B,
     const long long D, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -100,17 +110,20 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -119,31 +132,31 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
   for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + ((BK*kb + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < D && BN*pid_n + j + q < H ? w1[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -151,21 +164,21 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (sycl::tanh((acc[t] + (b1[BN*pid_n + j]))));
@@ -174,7 +187,7 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
 }
 
 // ---- loss_k1: launch k1 of loss: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(B/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(B/BM)], 128 threads per program
 inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ w2,
     const float* __restrict__ b2, float* __restrict__ logits, const long long B,
     const long long H, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -182,17 +195,20 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -201,32 +217,32 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
   for (long long kb = 0; kb * BK < H; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + j) : hidden, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && BK*kb + j + q < H ? hidden[(BM*pid_m + i) * H + BK*kb + j + q]
               : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < H && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -234,21 +250,21 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
           logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
@@ -257,13 +273,13 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
 }
 
 // ---- loss_k2: launch k2 of loss: the library's log_softmax
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ target,
     float* __restrict__ t4, const long long B, const long long C, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float row_max[BM];
@@ -297,12 +313,12 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
 }
 
 // ---- loss_k3: launch k3 of loss: the library's row_sum
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const long long B,
     const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float row_sum[BM];
@@ -318,12 +334,12 @@ inline void loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const 
 }
 
 // ---- loss_k4: launch k4 of loss: the library's row_mean
-// grid [pid_m < ceil(1/4)], 128 threads per program
+// grid [pid_m < ceil(1/BM)], 128 threads per program
 inline void loss_k4(const float* __restrict__ t5, float* __restrict__ out, const long long B,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
@@ -350,7 +366,7 @@ inline void loss_k4(const float* __restrict__ t5, float* __restrict__ out, const
 }
 
 // ---- train_step_k0: launch k0 of train_step: the library's gemm
-// grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k0(const float* __restrict__ x, const float* __restrict__ w1,
     const float* __restrict__ b1, float* __restrict__ hidden, const long long B,
     const long long D, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -358,17 +374,20 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const bool w1_aligned = tsr_aligned16(w1) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -377,31 +396,31 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
   for (long long kb = 0; kb * BK < D; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && BK*kb + j < D ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? x + ((BM*pid_m + i) * D + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && BK*kb + j + q < D ? x[(BM*pid_m + i) * D + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w1_aligned) {
-        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < D && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w1 + ((BK*kb + i) * H + BN*pid_n + j) : w1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < D && BN*pid_n + j + q < H ? w1[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -409,21 +428,21 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < D - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H)
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (sycl::tanh((acc[t] + (b1[BN*pid_n + j]))));
@@ -432,7 +451,7 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
 }
 
 // ---- train_step_k1: launch k1 of train_step: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(B/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k1(const float* __restrict__ hidden, const float* __restrict__ w2,
     const float* __restrict__ b2, float* __restrict__ logits, const long long B,
     const long long H, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -440,17 +459,20 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -459,32 +481,32 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
   for (long long kb = 0; kb * BK < H; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (hidden_aligned) {
-        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && BK*kb + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? hidden + ((BM*pid_m + i) * H + BK*kb + j) : hidden, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && BK*kb + j + q < H ? hidden[(BM*pid_m + i) * H + BK*kb + j + q]
               : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < H && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? w2 + ((BK*kb + i) * C + BN*pid_n + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < H && BN*pid_n + j + q < C ? w2[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -492,21 +514,21 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < H - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:13: logits = hidden @ w2 + b2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < C)
           logits[(BM*pid_m + i) * C + BN*pid_n + j] = (acc[t] + (b2[BN*pid_n + j]));
@@ -515,12 +537,12 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
 }
 
 // ---- train_step_k2: launch k2 of train_step: the library's log_softmax
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ t3,
     const long long B, const long long C, const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // log_softmax.tsr:9: shifted = rows - tile.max(rows, axis=1)[:, None]
   float row_max[BM];
@@ -552,13 +574,13 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
 }
 
 // ---- train_step_k3: launch k3 of train_step: the library's row_sum
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k3(const float* __restrict__ target, const float* __restrict__ t3,
     float* __restrict__ t5, const long long B, const long long C, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float row_sum[BM];
@@ -575,12 +597,12 @@ inline void train_step_k3(const float* __restrict__ target, const float* __restr
 }
 
 // ---- train_step_k4: launch k4 of train_step: the library's row_mean
-// grid [pid_m < ceil(1/4)], 128 threads per program
+// grid [pid_m < ceil(1/BM)], 128 threads per program
 inline void train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, const long long B,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // row_mean.tsr:6: return tile.sum(tile.cast(tile.load(x, rows=T.m), f32), axis=1) /
   //   float(x.shape[-1])
@@ -607,12 +629,12 @@ inline void train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, 
 }
 
 // ---- train_step_k5: launch k5 of train_step: the library's elementwise
-// grid [pid_m < ceil(1/1024)], 256 threads per program
+// grid [pid_m < ceil(1/BM)], 256 threads per program
 inline void train_step_k5(const float* __restrict__ t8, float* __restrict__ out0,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 1024;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < BM; e += THREADS) {
@@ -621,12 +643,12 @@ inline void train_step_k5(const float* __restrict__ t8, float* __restrict__ out0
 }
 
 // ---- train_step_k6: launch k6 of train_step: the library's elementwise
-// grid [pid_m < ceil(1/1024)], 256 threads per program
+// grid [pid_m < ceil(1/BM)], 256 threads per program
 inline void train_step_k6(const float* __restrict__ t8, float* __restrict__ t12,
     const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 1024;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (long long e = lid; e < BM; e += THREADS) {
@@ -636,12 +658,12 @@ inline void train_step_k6(const float* __restrict__ t8, float* __restrict__ t12,
 }
 
 // ---- train_step_k7: launch k7 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/1024)], 256 threads per program
+// grid [pid_m < ceil(B/BM)], 256 threads per program
 inline void train_step_k7(const float* __restrict__ t5, const float* __restrict__ t12,
     float* __restrict__ t16, const long long B, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 1024;
-  constexpr int THREADS = 256;
+  constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   const float float_B = (float)(B);
@@ -652,12 +674,12 @@ inline void train_step_k7(const float* __restrict__ t5, const float* __restrict_
 }
 
 // ---- train_step_k8: launch k8 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k8(const float* __restrict__ t16, const float* __restrict__ target,
     float* __restrict__ t18, const long long B, const long long C, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:14: return -mean(sum(target * log_softmax(logits, axis=-1), axis=-1), axis=0)
   for (int i = 0; i < BM; ++i) {
@@ -669,13 +691,13 @@ inline void train_step_k8(const float* __restrict__ t16, const float* __restrict
 }
 
 // ---- train_step_k9: launch k9 of train_step: the library's log_softmax_grad
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k9(const float* __restrict__ t3, const float* __restrict__ t18,
     float* __restrict__ t19, const long long B, const long long C, const sycl::nd_item<3>& it,
     float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // log_softmax_grad.tsr:9: return grads - tile.exp(tile.load(y, rows=T.m)) * tile.sum(grads,
   //   axis=1)[:, None]
@@ -696,28 +718,28 @@ inline void train_step_k9(const float* __restrict__ t3, const float* __restrict_
 }
 
 // ---- train_step_k10: launch k10 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(C/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(C/BM)], 128 threads per program
 inline void train_step_k10(const float* __restrict__ t19, float* __restrict__ t20,
     const long long B, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (t19_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < C ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t19 + ((BN*pid_n + i) * C + BM*pid_m + j) : t19, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < C ? t19[(BN*pid_n + i) * C + BM*pid_m + j + q]
             : 0;
       }
@@ -730,18 +752,18 @@ inline void train_step_k10(const float* __restrict__ t19, float* __restrict__ t2
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < C && col < B) t20[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k11: launch k11 of train_step: the library's row_sum
-// grid [pid_m < ceil(C/4)], 128 threads per program
+// grid [pid_m < ceil(C/BM)], 128 threads per program
 inline void train_step_k11(const float* __restrict__ t20, const float lr,
     const float* __restrict__ b2, float* __restrict__ out4, const long long C, const long long B,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float row_sum[BM];
@@ -762,7 +784,7 @@ inline void train_step_k11(const float* __restrict__ t20, const float lr,
 }
 
 // ---- train_step_k12: launch k12 of train_step: the library's gemm_nt
-// grid [pid_n < ceil(H/64), pid_m < ceil(B/64)], 128 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k12(const float* __restrict__ t19, const float* __restrict__ w2,
     float* __restrict__ t21, const long long B, const long long C, const long long H,
     const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -770,17 +792,20 @@ inline void train_step_k12(const float* __restrict__ t19, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const bool w2_aligned = tsr_aligned16(w2) && C % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -789,31 +814,31 @@ inline void train_step_k12(const float* __restrict__ t19, const float* __restric
   for (long long kb = 0; kb * BK < C; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BM*pid_m + i < B && BK*kb + j < C ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < B && BK*kb + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t19 + ((BM*pid_m + i) * C + BK*kb + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < B && BK*kb + j + q < C ? t19[(BM*pid_m + i) * C + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BN*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (w2_aligned) {
-        const int bytes = BN*pid_n + i < H && BK*kb + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BN*pid_n + i < H && BK*kb + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? w2 + ((BN*pid_n + i) * C + BK*kb + j) : w2, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BN*pid_n + i < H && BK*kb + j + q < C ? w2[(BN*pid_n + i) * C + BK*kb + j + q] : 0;
         }
       }
@@ -821,20 +846,20 @@ inline void train_step_k12(const float* __restrict__ t19, const float* __restric
     sycl::group_barrier(it.get_group());
     // gemm_nt.tsr:17: acc += tile.dot(a_tile, tile.transpose(b_tile))
     for (int kk = 0; kk < BK && kk < C - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[(tx + c * 16) * 16 + (kk / 4 ^ (tx + c * 16) % 4) * 4 + kk % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[(tx + c * TX) * BK + (kk / 4 ^ (tx + c * TX) % 4) * 4 + kk % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < B && BN*pid_n + j < H) t21[(BM*pid_m + i) * H + BN*pid_n + j] = acc[t];
     }
@@ -842,28 +867,28 @@ inline void train_step_k12(const float* __restrict__ t19, const float* __restric
 }
 
 // ---- train_step_k13: launch k13 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(H/BM)], 128 threads per program
 inline void train_step_k13(const float* __restrict__ hidden, float* __restrict__ t22,
     const long long B, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool hidden_aligned = tsr_aligned16(hidden) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (hidden_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? hidden + ((BN*pid_n + i) * H + BM*pid_m + j) : hidden, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < H
             ? hidden[(BN*pid_n + i) * H + BM*pid_m + j + q] : 0;
       }
@@ -876,12 +901,12 @@ inline void train_step_k13(const float* __restrict__ hidden, float* __restrict__
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < H && col < B) t22[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k14: launch k14 of train_step: the library's gemm
-// grid [pid_n < ceil(C/64), pid_m < ceil(H/64)], 128 threads per program
+// grid [pid_n < ceil(C/BN), pid_m < ceil(H/BM)], 128 threads per program
 inline void train_step_k14(const float* __restrict__ t22, const float* __restrict__ t19,
     const float lr, const float* __restrict__ w2, float* __restrict__ out3, const long long H,
     const long long B, const long long C, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -889,17 +914,20 @@ inline void train_step_k14(const float* __restrict__ t22, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t22_aligned = tsr_aligned16(t22) && B % 4 == 0;
   const bool t19_aligned = tsr_aligned16(t19) && C % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -908,31 +936,31 @@ inline void train_step_k14(const float* __restrict__ t22, const float* __restric
   for (long long kb = 0; kb * BK < B; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t22_aligned) {
-        const int bytes = BM*pid_m + i < H && BK*kb + j < B ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < H && BK*kb + j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t22 + ((BM*pid_m + i) * B + BK*kb + j) : t22, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < H && BK*kb + j + q < B ? t22[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t19_aligned) {
-        const int bytes = BK*kb + i < B && BN*pid_n + j < C ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < B && BN*pid_n + j < C ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t19 + ((BK*kb + i) * C + BN*pid_n + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < B && BN*pid_n + j + q < C ? t19[(BK*kb + i) * C + BN*pid_n + j + q] : 0;
         }
       }
@@ -940,21 +968,21 @@ inline void train_step_k14(const float* __restrict__ t22, const float* __restric
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < H && BN*pid_n + j < C)
           out3[(BM*pid_m + i) * C + BN*pid_n + j] =
@@ -964,12 +992,12 @@ inline void train_step_k14(const float* __restrict__ t22, const float* __restric
 }
 
 // ---- train_step_k15: launch k15 of train_step: the library's elementwise
-// grid [pid_m < ceil(B/4)], 128 threads per program
+// grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k15(const float* __restrict__ hidden, const float* __restrict__ t21,
     float* __restrict__ t25, const long long B, const long long H, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // train_mlp.tsr:12: hidden = tanh(x @ w1 + b1)
   for (int i = 0; i < BM; ++i) {
@@ -982,28 +1010,28 @@ inline void train_step_k15(const float* __restrict__ hidden, const float* __rest
 }
 
 // ---- train_step_k16: launch k16 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(H/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(H/BM)], 128 threads per program
 inline void train_step_k16(const float* __restrict__ t25, float* __restrict__ t26,
     const long long B, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (t25_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < H ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? t25 + ((BN*pid_n + i) * H + BM*pid_m + j) : t25, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < H ? t25[(BN*pid_n + i) * H + BM*pid_m + j + q]
             : 0;
       }
@@ -1016,18 +1044,18 @@ inline void train_step_k16(const float* __restrict__ t25, float* __restrict__ t2
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < H && col < B) t26[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k17: launch k17 of train_step: the library's row_sum
-// grid [pid_m < ceil(H/4)], 128 threads per program
+// grid [pid_m < ceil(H/BM)], 128 threads per program
 inline void train_step_k17(const float* __restrict__ t26, const float lr,
     const float* __restrict__ b1, float* __restrict__ out2, const long long H, const long long B,
     const sycl::nd_item<3>& it, float* tsr_scratch) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 4;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // row_sum.tsr:7: return tile.sum(tile.load(x, rows=T.m), axis=1)
   float row_sum[BM];
@@ -1048,28 +1076,28 @@ inline void train_step_k17(const float* __restrict__ t26, const float lr,
 }
 
 // ---- train_step_k18: launch k18 of train_step: the library's transpose
-// grid [pid_n < ceil(B/64), pid_m < ceil(D/64)], 128 threads per program
+// grid [pid_n < ceil(B/BN), pid_m < ceil(D/BM)], 128 threads per program
 inline void train_step_k18(const float* __restrict__ x, float* __restrict__ t27,
     const long long B, const long long D, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
   float* const operand_smem = (float*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && D % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // transpose.tsr:11: return tile.transpose(tile.load(x, rows=T.n, cols=T.m))
-  for (int e = lid; e < 1024; e += THREADS) {
-    const int i = e / 16;
-    const int j = e % 16 * 4;
+  for (int e = lid; e < BN*BM / 4; e += THREADS) {
+    const int i = e / (BM / 4);
+    const int j = e % (BM / 4) * 4;
     if (x_aligned) {
-      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? 16 : 0;
-      tsr_copy16(operand_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+      const int bytes = BN*pid_n + i < B && BM*pid_m + j < D ? TSR_CHUNK_BYTES : 0;
+      tsr_copy16(operand_smem + (i * BM + (j / 4 ^ i % 8) * 4 + j % 4),
           bytes ? x + ((BN*pid_n + i) * D + BM*pid_m + j) : x, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
-        operand_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+        operand_smem[i * BM + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
             BN*pid_n + i < B && BM*pid_m + j + q < D ? x[(BN*pid_n + i) * D + BM*pid_m + j + q]
             : 0;
       }
@@ -1082,12 +1110,12 @@ inline void train_step_k18(const float* __restrict__ x, float* __restrict__ t27,
     const long long j = e - i * BN;
     const long long col = BN*pid_n + j;
     if (row < D && col < B) t27[row * B + col] =
-        (operand_smem[j * 64 + (i / 4 ^ j % 8) * 4 + i % 4]);
+        (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
 }
 
 // ---- train_step_k19: launch k19 of train_step: the library's gemm
-// grid [pid_n < ceil(H/64), pid_m < ceil(D/64)], 128 threads per program
+// grid [pid_n < ceil(H/BN), pid_m < ceil(D/BM)], 128 threads per program
 inline void train_step_k19(const float* __restrict__ t27, const float* __restrict__ t25,
     const float lr, const float* __restrict__ w1, float* __restrict__ out1, const long long D,
     const long long B, const long long H, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
@@ -1095,17 +1123,20 @@ inline void train_step_k19(const float* __restrict__ t27, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
-  constexpr int THREADS = 128;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int TX = 16;
+  constexpr int TY = THREADS / TX;
+  constexpr int RM = BM / TY;
   float* const a_tile_smem = (float*)(tsr_smem + 0);
   float* const b_tile_smem = (float*)(tsr_smem + 4096);
-  const int tx = lid % 16, ty = lid / 16;
+  const int tx = lid % TX, ty = lid / TX;
   const bool t27_aligned = tsr_aligned16(t27) && B % 4 == 0;
   const bool t25_aligned = tsr_aligned16(t25) && H % 4 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
   // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  float acc[32];
-  for (int r = 0; r < 8; ++r) {
+  float acc[BM*BN / THREADS];
+  for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
       const int t = r * 4 + c;
       acc[t] = 0.0f;
@@ -1114,31 +1145,31 @@ inline void train_step_k19(const float* __restrict__ t27, const float* __restric
   for (long long kb = 0; kb * BK < B; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 4;
+    for (int e = lid; e < BM*BK / 4; e += THREADS) {
+      const int i = e / (BK / 4);
+      const int j = e % (BK / 4) * 4;
       if (t27_aligned) {
-        const int bytes = BM*pid_m + i < D && BK*kb + j < B ? 16 : 0;
-        tsr_copy16(a_tile_smem + (i * 16 + (j / 4 ^ i % 4) * 4 + j % 4),
+        const int bytes = BM*pid_m + i < D && BK*kb + j < B ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
             bytes ? t27 + ((BM*pid_m + i) * B + BK*kb + j) : t27, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          a_tile_smem[i * 16 + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
+          a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
               BM*pid_m + i < D && BK*kb + j + q < B ? t27[(BM*pid_m + i) * B + BK*kb + j + q] : 0;
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < 256; e += THREADS) {
-      const int i = e / 16;
-      const int j = e % 16 * 4;
+    for (int e = lid; e < BK*BN / 4; e += THREADS) {
+      const int i = e / (BN / 4);
+      const int j = e % (BN / 4) * 4;
       if (t25_aligned) {
-        const int bytes = BK*kb + i < B && BN*pid_n + j < H ? 16 : 0;
-        tsr_copy16(b_tile_smem + (i * 64 + (j / 4 ^ i % 8) * 4 + j % 4),
+        const int bytes = BK*kb + i < B && BN*pid_n + j < H ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
             bytes ? t25 + ((BK*kb + i) * H + BN*pid_n + j) : t25, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
+          b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
               BK*kb + i < B && BN*pid_n + j + q < H ? t25[(BK*kb + i) * H + BN*pid_n + j + q] : 0;
         }
       }
@@ -1146,21 +1177,21 @@ inline void train_step_k19(const float* __restrict__ t27, const float* __restric
     sycl::group_barrier(it.get_group());
     // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < B - BK*kb; ++kk) {
-      float a_k[8], b_k[4];
-      for (int r = 0; r < 8; ++r)
-          a_k[r] = a_tile_smem[(ty + r * 8) * 16 + (kk / 4 ^ (ty + r * 8) % 4) * 4 + kk % 4];
+      float a_k[RM], b_k[4];
+      for (int r = 0; r < RM; ++r)
+          a_k[r] = a_tile_smem[(ty + r * TY) * BK + (kk / 4 ^ (ty + r * TY) % 4) * 4 + kk % 4];
       for (int c = 0; c < 4; ++c)
-          b_k[c] = b_tile_smem[kk * 64 + ((tx + c * 16) / 4 ^ kk % 8) * 4 + (tx + c * 16) % 4];
-      for (int r = 0; r < 8; ++r) {
+          b_k[c] = b_tile_smem[kk * BN + ((tx + c * TX) / 4 ^ kk % 8) * 4 + (tx + c * TX) % 4];
+      for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
     }
   }
   // train_mlp.tsr:24: return value, w1 - lr * dw1, b1 - lr * db1, w2 - lr * dw2, b2 - lr * db2
-  for (int r = 0; r < 8; ++r) {
-    const int i = ty + r * 8;
+  for (int r = 0; r < RM; ++r) {
+    const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
-      const int j = tx + c * 16;
+      const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < D && BN*pid_n + j < H)
           out1[(BM*pid_m + i) * H + BN*pid_n + j] =

@@ -50,8 +50,8 @@ _KERNEL = re.compile(
 )
 #: The shared-memory arena: CUDA's, sized at launch, and HIP's, of a size the kernel gives.
 _ARENA = re.compile(
-    r"extern __shared__ __align__\(\d+\) unsigned char tsr_smem\[\];"
-    r"|__shared__ unsigned char tsr_smem\[(\d+)\] __attribute__\(\(aligned\(\d+\)\)\);"
+    r"extern __shared__ __align__\(\w+\) unsigned char tsr_smem\[\];"
+    r"|__shared__ unsigned char tsr_smem\[(\d+)\] __attribute__\(\(aligned\(\w+\)\)\);"
 )
 _VECTOR = re.compile(r"typedef (\w+) (\w+) __attribute__\(\(ext_vector_type\((\d+)\)\)\);")
 _WGMMA = re.compile(r"tsr_wgmma_m64n(\d+)k(?:16|32)_(bf16|f16|fp8_e4m3|fp8_e5m2)_(ss|rs)")

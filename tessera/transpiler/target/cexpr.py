@@ -34,14 +34,17 @@ def c_dim(
     dim: Dim,
     names: dict[str, str] | None = None,
     strides: dict[str, tuple[int, str]] | None = None,
+    unit: tuple[int, str] | None = None,
 ) -> str:
     """An integer C expression for ``dim``; ``names`` renames symbols (program ids,
     loop counters), and ``strides`` names the tile size a symbol steps by, which its
     term's coefficient is printed as where it equals it (``BM*pid_m``), as is a constant
-    term of that size beside it (the next block, ``BN*nblk + BN``). Fractions divide
-    last, after the symbols multiply, so ``D/2`` is exact whenever the guards hold."""
-    if dim.constant is not None:
-        return str(dim.constant)
+    term of a multiple of that size beside it (the next blocks, ``BN*nblk + BN``,
+    ``BK*kb + 2*BK``). ``unit`` is the size and name of the tile that the dim counts
+    whole tiles of (an offset along an axis of tiles of that size): a constant of a
+    multiple of it prints as that (``BK``, ``2*BK``), and so does a symbol's coefficient
+    of its size (``BD*pid_b0``). Fractions divide last, after the symbols multiply, so
+    ``D/2`` is exact whenever the guards hold."""
     names = names or {}
     strides = strides or {}
     stepped = {
@@ -49,10 +52,15 @@ def c_dim(
         for m, c in dim.terms
         if len(m) == 1 == m[0][1] and m[0][0] in strides and abs(c) == strides[m[0][0]][0]
     }
+    if unit is not None:
+        stepped.setdefault(*unit)
+    if dim.constant is not None:
+        return _tiles(dim.constant, stepped) or str(dim.constant)
     parts = []
     for monomial, coeff in sorted(dim.terms, key=lambda t: t[0] == ()):
-        if monomial == () and abs(coeff) in stepped:
-            parts.append(("-" if coeff < 0 else "+", stepped[abs(coeff)]))
+        tiles = _tiles(abs(coeff), stepped) if monomial == () else None
+        if tiles is not None:
+            parts.append(("-" if coeff < 0 else "+", tiles))
             continue
         ups = [names.get(s, s) for s, p in monomial for _ in range(p) if p > 0]
         downs = [names.get(s, s) for s, p in monomial for _ in range(-p) if p < 0]
@@ -60,6 +68,8 @@ def c_dim(
         sign = "-" if coeff < 0 else "+"
         coeff = abs(coeff)
         stride = strides.get(monomial[0][0]) if len(monomial) == 1 == monomial[0][1] else None
+        if stride is None and unit is not None and len(monomial) == 1 == monomial[0][1]:
+            stride = unit  # whole tiles of the axis, one per index (a head's columns)
         if stride is not None and coeff == stride[0]:
             parts.append((sign, f"{stride[1]}*{ups[0]}"))
             continue
@@ -73,6 +83,16 @@ def c_dim(
     for sign, text in parts[1:]:
         out += f" {sign} {text}"
     return out
+
+
+def _tiles(value: int, sizes: dict[int, str]) -> str | None:
+    """``value`` as a whole number of one of the tiles ``sizes`` names (``BK``,
+    ``2*BK``), or None."""
+    for size, name in sizes.items():
+        if value and size and value % size == 0:
+            count = value // size
+            return name if count == 1 else f"{count}*{name}"
+    return None
 
 
 def c_factor(

@@ -27,7 +27,7 @@ _SIGNATURE = re.compile(r"^(?:__device__ )?inline [^(]*?\w+\s*\(([^)]*)\)", re.M
 _STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 #: Top-level declarations and the names they define.
 _FUNCTION = re.compile(r"^(?:__device__ )?inline [^(]*?\b(\w+)\s*\(", re.M)
-_CONSTANT = re.compile(r"^constexpr [^;]*;", re.M)
+_CONSTANT = re.compile(r"^(?:constexpr [^;]*|enum \{[^}]*\});", re.M)
 _TYPE = re.compile(r"^(?:struct (\w+)|typedef [^;]*?(\w+)\s*(?:__attribute__|;))", re.M)
 
 
@@ -61,7 +61,7 @@ def split(header: str) -> tuple[str, list[Section], str]:
 
 #: How generated C++ names a header symbol (``tsr::exp``); OpenCL C has no namespaces.
 CPP_SYMBOL = r"\btsr::(\w+)"
-C_SYMBOL = r"\b(tsr_\w+)"
+C_SYMBOL = r"\b((?:tsr|TSR)_\w+)"
 
 
 def paragraphs(text: str) -> list[Section]:

@@ -27,8 +27,8 @@ _NAMES = {"i": "row", "j": "col", "j0": "col0"}
 _DECLARED = re.compile(r"^(\s*)(?:const [\w ]+? (\w+) = .*;|for \([\w ]+? (\w+) = .*\{)$")
 #: A loop's head.
 _LOOP = re.compile(r"^\s*(?:for|while) \(")
-#: A loop of a constant trip count (``c < 8``, ``i < BM``).
-_CONSTANT_TRIPS = re.compile(r"^\s*for \(int \w+ = \w+; \w+ < (?:\d+|[A-Z][A-Z0-9_]*);")
+#: A loop of a constant trip count (``c < 8``, ``i < BM``, ``fn < BD / TSR_MMA_N``).
+_CONSTANT_TRIPS = re.compile(r"^\s*for \(int \w+ = \w+; \w+ < [A-Z0-9_ */()]+;")
 #: A line that asks for the loop after it to unroll (``#pragma unroll 1`` does not).
 _UNROLL = re.compile(r"^\s*(?:#pragma unroll(?! 1\b)|__attribute__\(\(opencl_unroll_hint(?!\(1\)))")
 #: What may stand before an operand that is a sum (operators that bind looser than +).

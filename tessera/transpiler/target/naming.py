@@ -13,8 +13,9 @@ __all__ = ["Namer", "C_KEYWORDS", "C_LIBRARY", "GPU_BUILTINS", "OPENCL_BUILTINS"
            "symbol_names"]  # fmt: skip
 
 #: The prefix of every name the tile-primitives headers and the emitters declare at a
-#: GPU file's scope (``tsr_group_sum``, ``tsr_smem``, ``tsr_tensor_map``), as ``tsr::``
-#: is the CPU header's namespace: a name from the source loses it, as it loses the two
+#: GPU file's scope (``tsr_group_sum``, ``tsr_smem``, ``tsr_tensor_map``; the header's
+#: constants in capitals, ``TSR_WARP_SIZE``), as ``tsr::`` is the CPU header's
+#: namespace: a name from the source loses it, in either case, as it loses the two
 #: underscores that C reserves to the compiler, so that it never meets one of them.
 OWN_PREFIX = "tsr_"
 
@@ -103,7 +104,7 @@ OPENCL_BUILTINS = frozenset(
 def _reserved_prefix(name: str) -> bool:
     """Whether ``name`` starts as only the compiler's names (``__shared__``) or the
     generated code's own (``tsr_smem``) may."""
-    return name.startswith(("__", OWN_PREFIX))
+    return name.startswith("__") or name.lower().startswith(OWN_PREFIX)
 
 
 class Namer:
@@ -122,7 +123,8 @@ class Namer:
         ``f_launch``'s nor an entry's name may be."""
         base = re.sub(r"\W", "_", wanted or fallback).rstrip("_")
         while _reserved_prefix(base):
-            base = base.lstrip("_").removeprefix(OWN_PREFIX)
+            base = base.lstrip("_")
+            base = base[len(OWN_PREFIX) :] if base.lower().startswith(OWN_PREFIX) else base
         if not base or base[0].isdigit():
             base = f"{fallback}{base}"
         # Numbering goes on where the last name of this base stopped: a file with

@@ -145,8 +145,9 @@ class Dialect:
         """A shared array, declared at the top of the kernel."""
         return f"{self.local_qualifier} {ctype} {name}[{count}];"
 
-    def local_bytes(self, name: str, count: int, align: int = 16) -> str:
-        """The bytes the shared-memory plan lays buffers out in, ``align``-byte aligned."""
+    def local_bytes(self, name: str, count: int, align: str = "16") -> str:
+        """The bytes the shared-memory plan lays buffers out in, aligned to ``align``
+        bytes (a number, or the constant that holds it)."""
         if self.dynamic_arena:
             return (
                 f"extern {self.local_qualifier} __align__({align}) {self.byte_type} {name}[];"

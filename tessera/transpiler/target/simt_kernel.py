@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import field
 from typing import Any
 
 from ...frozen import frozen
@@ -53,6 +54,8 @@ from .naming import C_LIBRARY, GPU_BUILTINS, Namer, symbol_names
 from .render import SourceLines
 from .simt_dialect import Dialect
 from .simt_layout import (
+    CHUNK_BYTES,
+    FRAGMENT_SHAPES,
     Distribution,
     Element,
     Flat,
@@ -93,12 +96,37 @@ _CONDITIONS = frozenset({*_COMPARED, *_LOGICAL})
 _ELEMENTWISE = frozenset(
     {*_OPERATORS, *_LOGICAL, *_UNARY, *_CALLED, "pow", "cast", "where", *DRAWN}
 )
+#: The names of the instructions' and the schedule's numbers (``named``), in the order a
+#: kernel declares them: the Grid's threads and the rows of a thread's register block, a
+#: warp's part of a product, an MMA's shape, registers and rows per lane, a ``wgmma``'s
+#: rows and step.
+NUMBERS = ("TX", "TY", "RM", "WARP_M", "WARP_N", "MMA_K", "WGMMA_M", "WGMMA_K")  # fmt: skip
+#: The target's numbers, which the tile header declares once per file (``tessera_tile.j2``):
+#: a warp's lanes, a copy's chunk, the shape of its matrix instructions' accumulator
+#: fragment (``FragmentShape``: its rows and columns, a lane's registers and rows of it).
+HEADER_NUMBERS = {
+    name: f"TSR_{name}"
+    for name in ("WARP_SIZE", "CHUNK_BYTES", "MMA_M", "MMA_N", "MMA_REGS", "LANE_ROWS")
+}
+
+
+def header_numbers(dialect: str, lanes: int) -> dict[str, int]:
+    """The values of the target's numbers that the tile header declares for ``dialect``
+    (``HEADER_NUMBERS``), on a target of warps of ``lanes``."""
+    numbers = {"WARP_SIZE": lanes, "CHUNK_BYTES": CHUNK_BYTES}
+    shape = FRAGMENT_SHAPES.get(dialect)
+    if shape is not None:
+        numbers.update(MMA_M=shape.m, MMA_N=shape.n, MMA_REGS=shape.regs,
+                       LANE_ROWS=shape.row_slots)  # fmt: skip
+    return numbers
+
+
 #: Variables of the generated code and names every dialect declares; no value is named
 #: after them (nor after the header's and the template's ``tsr_`` names: ``OWN_PREFIX``).
 _RESERVED = frozenset({"lid", "e", "t", "i", "j", "r", "c", "kk", "peer", "tx", "ty", "program",
                        "part", "m_new", "m_fin", "a_k", "b_k", "lane", "wave", "frag", "reg",
                        "fm", "fn", "q", "a_frag", "b_frag", "frag_acc", "rs", "bytes", "a_step",
-                       "j0", "pair", "half", "it"}) | GPU_BUILTINS  # fmt: skip
+                       "j0", "pair", "half", "it"}) | GPU_BUILTINS | set(NUMBERS)  # fmt: skip
 
 
 @frozen
@@ -140,6 +168,9 @@ class SimtKernel:
     locals: tuple[tuple[str, str, int, int], ...] = ()
     #: Whether it checks bounds (a debug build): then it takes the fault record last.
     checked: bool = False
+    #: The program ids that step by a tile it declares: that tile's name (``pid_m``:
+    #: ``BM``), which its grid's comment counts blocks of.
+    blocks: dict[str, str] = field(default_factory=dict)
 
 
 def emit_simt_kernel(
@@ -182,6 +213,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.namer = Namer(
             frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY | self.constants.names
         )
+        #: The target's and the instructions' numbers the code names (``WARP_SIZE``,
+        #: ``TSR_MMA_M``), by name: their values, and how the declaration writes each.
+        self.numbers: dict[str, tuple[int, str]] = {}
         #: What each value should be called, the source leaving it unnamed or not.
         self.temps = Temporaries(kernel.body, kernel.params)
         self.forms: dict[int, Form] = {}
@@ -280,8 +314,76 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         its tiles by name (``BM*BN``)."""
         return self.constants.count(t, self.factor, slot=True)
 
-    def c(self, dim: Dim) -> str:
-        return c_dim(dim, self.symbols, self.constants.strides)
+    def named(self, name: str, value: int, written: str | None = None) -> str:
+        """``value`` by the name a kernel declares it under (``constexpr int MMA_K =
+        16;``, once, if the code uses it): a number of the target (its warp's lanes) or of
+        an instruction (an MMA's shape) that the code would otherwise repeat. ``written``
+        is the declaration's expression where the value follows from other constants
+        (``THREADS / TX``)."""
+        if name in HEADER_NUMBERS:
+            assert value == header_numbers(self.d.name, self.lanes)[name], name
+            return HEADER_NUMBERS[name]
+        held = self.numbers.setdefault(name, (value, written or str(value)))
+        assert name in NUMBERS and held[0] == value, name
+        if written and held[1] == str(value):  # what it follows from, once known
+            self.numbers[name] = (value, written)
+        return name
+
+    def share(self, dist: Distribution | None, t: Any) -> str:
+        """The slots of each thread's part of a tile of type ``t`` held in ``dist``: its
+        share of the tile, by the tiles' names (``BM*BN / THREADS``), where the threads
+        split the tile evenly (a product's accumulator), its rows of a row vector, else
+        the number."""
+        if isinstance(dist, (Rows, FragmentRows)):
+            return self.rows_slots(dist)
+        slots = _slots(dist, self.kernel.threads)
+        if (
+            isinstance(dist, (Grid, Fragments))
+            and slots * self.kernel.threads == dist.rows * dist.cols
+        ):
+            count = self.count(t)
+            if not count.isdigit():
+                return f"{count} / {self.constants.threads[1]}"
+        return str(slots)
+
+    def rows_slots(self, rows: Rows | FragmentRows) -> str:
+        """The slots of a row vector: the rows of a thread's Grid register block, or
+        those of a lane's fragments."""
+        if isinstance(rows, Rows):
+            return self.block_rows(rows.rows, rows.ty)
+        lane_rows = self.named("LANE_ROWS", rows.shape.row_slots)
+        return lane_rows if rows.fm == 1 else f"{rows.fm}*{lane_rows}"
+
+    def block_rows(self, rows: int, ty: int, t: Any = None) -> str:
+        """The rows of a thread's register block in a Grid of ``rows`` (of a tile of type
+        ``t``, where one is given): ``RM``, declared as the rows' tile over the thread
+        rows (``BM / TY``) where the type or the size says which tile they are, the
+        number where the kernel's Grids differ in it."""
+        held = self.numbers.get("RM")
+        if held is not None and held[0] != rows // ty:
+            return str(rows // ty)
+        tile = self.constants.shape(t)[0] if t is not None else Dim.const(rows)
+        if tile.constant is not None:
+            unit = self.tile_unit(tile)
+            tile = Dim.sym(unit[1]) if unit else tile
+        written = f"{self.c(tile)} / {self.grid_threads()[0]}" if tile.constant is None else None
+        return self.named("RM", rows // ty, written)
+
+    def c(self, dim: Dim, unit: Dim | None = None) -> str:
+        """``dim`` in C; where it is an offset along an axis of tiles of ``unit`` (a
+        tile's name, or a size that one tile has), a whole number of them prints as that
+        (``BK``, ``BK*kb + 2*BK``, ``BD*pid_b0``)."""
+        return c_dim(dim, self.symbols, self.constants.strides, self.tile_unit(unit))
+
+    def tile_unit(self, size: Dim | None) -> tuple[int, str] | None:
+        """The size and name of the schedule's tile ``size`` (a tile's name), or of
+        size ``size``, where one tile has it."""
+        if size is not None and size.constant is None:
+            tile = {name: value for value, name in self.constants.extents.values()}
+            return next(((tile[n], n) for n in (str(size),) if n in tile), None)
+        names = {name for value, name in self.constants.extents.values()
+                 if size is not None and value == size.constant}  # fmt: skip
+        return (size.constant, names.pop()) if size and size.constant and len(names) == 1 else None
 
     def factor(self, dim: Dim) -> str:
         """``c``, parenthesized where the dim is a sum (``C - 8``), to multiply by."""
@@ -310,14 +412,27 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                    for name, value in self.stage_bytes_names.values()]  # fmt: skip
         prologue = (*derived, *self.prologue.values())
         code = re.sub(r"//.*", "", "\n".join((*prologue, *body)))
-        prologue = (*self.constants.declarations(code, self.d.constant), *prologue)
+        numbers = [self.d.constant.format(name=name, value=self.numbers[name][1])
+                   for name in NUMBERS
+                   if name in self.numbers and re.search(rf"\b{name}\b", code)]  # fmt: skip
+        code += "\n".join(numbers)
+        # a program's threads are whole warps: the schedule's count of them
+        warps = {name: _warps(count // self.lanes, self.named("WARP_SIZE", self.lanes))
+                 for count, name in (self.constants.threads, self.constants.producers)
+                 if count and count % self.lanes == 0}  # fmt: skip
+        prologue = (*self.constants.declarations(code, self.d.constant, warps), *numbers,
+                    *prologue)  # fmt: skip
+        declared = "\n".join(prologue)
+        blocks = {self.symbols[a.name]: step for a in self.kernel.grid
+                  if (step := self.constants.step(a.name)) is not None
+                  and re.search(rf"\b{step}\b", declared)}  # fmt: skip
         return SimtKernel(self.kernel.name, tuple(params), sizes, grid, threads,
                           prologue, body,
                           frozenset(self.wgmma), self.smem_bytes, self.static_smem_bytes,
                           tuple(self.tensor_maps.values()), frozenset(self.tma_ranks),
                           one_block=bool(self.kernel.producer),
                           locals=tuple(self.locals.values()),
-                          checked=self.checked)  # fmt: skip
+                          checked=self.checked, blocks=blocks)  # fmt: skip
 
     def block(self, block: Block) -> None:
         # An op that writes nothing (a lazy value) leaves its line's comment to the next
@@ -381,7 +496,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             return "r"
         if dist.fm == 1:  # one fragment along the rows: frag / fn is 0
             return dist.shape.row_slot
-        return f"frag / {dist.fn} * {dist.shape.row_slots} + {parenthesized(dist.shape.row_slot)}"
+        lane_rows = self.named("LANE_ROWS", dist.shape.row_slots)
+        fn = parenthesized(dist.fn_text)
+        return f"frag / {fn} * {lane_rows} + {parenthesized(dist.shape.row_slot)}"
 
     def flat_index(self, index: tuple[str, ...], dims: tuple[Dim, ...]) -> str:
         """The row-major position of an element; size-1 axes add nothing."""
@@ -407,13 +524,22 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
     # -- walking a distribution -------------------------------------------------------------
 
     def place_in_grid(self) -> None:
-        tx = min(GRID_COLUMNS, self.kernel.threads)
+        """The thread's column ``tx`` and row ``ty`` in the Grid distribution's threads."""
+        tx = self.grid_threads()[1]
         self.declare("grid", f"const int tx = lid % {tx}, ty = lid / {tx};")
+
+    def grid_threads(self) -> tuple[str, str]:
+        """The rows and columns of the Grid distribution's threads, by name (``TY``,
+        ``TX``): a Grid walk steps by them."""
+        tx = min(GRID_COLUMNS, self.kernel.threads)
+        written = f"{self.constants.threads[1]} / TX"
+        return self.named("TY", self.kernel.threads // tx, written), self.named("TX", tx)
 
     def place_in_wave(self) -> None:
         """The thread's lane, and its warp where the program has more than one."""
-        wave = f", wave = lid / {self.lanes}" if self.kernel.threads > self.lanes else ""
-        self.declare("wave", f"const int lane = lid % {self.lanes}{wave};")
+        lanes = self.named("WARP_SIZE", self.lanes)
+        wave = f", wave = lid / {lanes}" if self.kernel.threads > self.lanes else ""
+        self.declare("wave", f"const int lane = lid % {lanes}{wave};")
 
     def walk(self, dist: Distribution, t: Any = None) -> tuple[str, ...]:
         """Open the loops over this thread's elements of ``dist``, the layout of a value
@@ -439,7 +565,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             shape = dist.shape
             self.open_fragments(dist, 1)
             self.line(f"const int j = {dist.warp_col}{dist.frag_col}{shape.col};")
-            self.line(f"const int t = frag * {shape.regs} + reg;")
+            self.line(f"const int t = frag * {self.named('MMA_REGS', shape.regs)} + reg;")
             index = ("i", "j")
         elif isinstance(dist, FragmentRows):
             self.place_in_wave()
@@ -447,21 +573,23 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             self.unroll()
             self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
             self.unroll()
-            self.open(f"for (int rs = 0; rs < {shape.row_slots}; ++rs)")
-            first = f"wave * {dist.rows // dist.wm} + " if dist.wm > 1 else ""
-            self.line(f"const int i = {first}fm * {shape.m} + {shape.slot_row};")
-            self.line(f"const int r = fm * {shape.row_slots} + rs;")
+            lane_rows = self.named("LANE_ROWS", shape.row_slots)
+            self.open(f"for (int rs = 0; rs < {lane_rows}; ++rs)")
+            first = f"wave * {self.named('WARP_M', dist.rows // dist.wm)} + " if dist.wm > 1 else ""
+            self.line(
+                f"const int i = {first}fm * {self.named('MMA_M', shape.m)} + {shape.slot_row};"
+            )
+            self.line(f"const int r = fm * {lane_rows} + rs;")
             index = ("i",)
         else:
             self.place_in_grid()
-            self.open(
-                f"for (int r = 0; r < {dist.slots if isinstance(dist, Rows) else dist.rm}; ++r)"
-            )
-            self.line(f"const int i = ty + r * {dist.ty};")
+            self.open(f"for (int r = 0; r < {self.block_rows(dist.rows, dist.ty, t)}; ++r)")
+            ty, tx = self.grid_threads()
+            self.line(f"const int i = ty + r * {ty};")
             index = ("i",)
             if isinstance(dist, Grid):
                 self.open(f"for (int c = 0; c < {dist.rn}; ++c)")
-                self.line(f"const int j = tx + c * {dist.tx};")
+                self.line(f"const int j = tx + c * {tx};")
                 self.line(f"const int t = r * {dist.rn} + c;")
                 index = ("i", "j")
         self.walking = dist
@@ -474,10 +602,10 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         shape = dist.shape
         self.place_in_wave()
         self.unroll()
-        self.open(f"for (int frag = 0; frag < {dist.fm * dist.fn}; ++frag)")
+        self.open(f"for (int frag = 0; frag < {dist.frags}; ++frag)")
         self.unroll()
         increment = "++reg" if step == 1 else f"reg += {step}"
-        self.open(f"for (int reg = 0; reg < {shape.regs}; {increment})")
+        self.open(f"for (int reg = 0; reg < {self.named('MMA_REGS', shape.regs)}; {increment})")
         self.line(f"const int i = {dist.warp_row}{dist.frag_row}{shape.row};")
 
     def close_walk(self) -> None:
@@ -532,8 +660,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         (and, causal, those on the diagonal) takes the branch without: bf16 at head dim
         128 and S 16384 on an H200 took 20.7 ms instead of 22.4, causal 10.7 instead of
         13.1."""
-        slots = _slots(dist, self.kernel.threads)
-        self.line(f"float {name}[{slots}];")
+        self.line(f"float {name}[{self.share(dist, x.type)}];")
         masks = self.masks_in(x)
         if masks:
             self.open(f"if ({' && '.join(masks.values())})")
@@ -901,16 +1028,21 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
 
     # -- global memory ---------------------------------------------------------------------
 
-    def address(self, tensor: Value, at: Access, index: tuple[str, ...]) -> tuple[str, str]:
-        """(element offset, condition) of the access at a tile index."""
-        return self.position(tensor.type.dims, at, index)
+    def address(
+        self, tensor: Value, at: Access, index: tuple[str, ...], t: Any = None
+    ) -> tuple[str, str]:
+        """(element offset, condition) of the access at a tile index, of a tile (or
+        buffer) of type ``t`` where one is given: its tiles name the offsets."""
+        return self.position(tensor.type.dims, at, index, t)
 
     def position(
-        self, dims: tuple[Dim, ...], at: Access, index: tuple[str, ...]
+        self, dims: tuple[Dim, ...], at: Access, index: tuple[str, ...], t: Any = None
     ) -> tuple[str, str]:
         """(row-major position in a tensor of ``dims``, condition) of the access at a
-        tile index."""
+        tile index; an offset along an axis of a tile of ``t`` (or, without ``t``, of
+        the one tile of the axis's size) counts whole tiles by its name."""
         tile = iter(index)
+        tiles = iter(self.constants.shape(t) if t is not None else ())
         offset = ""
         conditions = []
         for axis, d in zip(at.axes, dims, strict=True):
@@ -918,18 +1050,22 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                 pos = self.c(axis.offset)
             else:
                 i = next(tile)
-                pos = i if axis.offset == Dim.const(0) else f"{self.c(axis.offset)} + {i}"
+                name = next(tiles, None)
+                unit = axis.size if name is None or name.constant is not None else name
+                offset_ = self.c(axis.offset, unit)
+                pos = i if axis.offset == Dim.const(0) else f"{offset_} + {i}"
                 if axis.masked:
                     conditions.append(f"{pos} < {self.c(axis.extent)}")
             offset = pos if not offset else f"{parenthesized(offset)} * {self.factor(d)} + {pos}"
         return offset, " && ".join(conditions)
 
-    def global_element(self, tensor: Value, at: Access) -> Element:
-        """A tensor's element at a tile index as a float; zero past a masked edge."""
+    def global_element(self, tensor: Value, at: Access, t: Any = None) -> Element:
+        """A tensor's element at an index of a tile of type ``t`` as a float; zero past a
+        masked edge."""
         pointer, dtype = self.forms[tensor.id].name, tensor.type.dtype.name
 
         def element(index: tuple[str, ...]) -> str:
-            offset, condition = self.address(tensor, at, index)
+            offset, condition = self.address(tensor, at, index, t)
             value = self.d.read(dtype, pointer, offset)
             terms = [c for c in condition.split(" && ") if c and c not in self.implied]
             return f"{' && '.join(terms)} ? {value} : 0.0f" if terms else value
@@ -968,7 +1104,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
     def op_load(self, op: Op) -> None:
         self.check_bounds(op)
         tensor = op.operands[0]
-        element = self.global_element(tensor, op.attr("at"))
+        element = self.global_element(tensor, op.attr("at"), op.result.type)
         out = tuple(op.result.type.dims)
         if tensor.id not in self.stored:
             self.lazy(op.results[0], element)
@@ -1014,7 +1150,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             self.store_pairs(tensor, tile, at, dist)
             return
         index = self.walk(dist, tile.type)
-        offset, condition = self.address(tensor, at, index)
+        offset, condition = self.address(tensor, at, index, tile.type)
         value = self.guarded(tile, index, out, condition)
         store = self.d.write(tensor.type.dtype.name, self.forms[tensor.id].name, offset, value)
         self.line(f"if ({condition}) {store}" if condition else store)
@@ -1094,11 +1230,11 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         if re.search(r"\bj\b", value):
             self.line("const int j = j0 + half;")
         if re.search(r"\bt\b", value):
-            self.line(f"const int t = frag * {shape.regs} + reg + half;")
+            self.line(f"const int t = frag * {self.named('MMA_REGS', shape.regs)} + reg + half;")
         self.line(f"pair[half] = {value};")
         self.close()
         dtype, pointer = tensor.type.dtype.name, self.forms[tensor.id].name
-        elements = [self.address(tensor, at, ("i", j)) for j in ("j0", "j0 + 1")]
+        elements = [self.address(tensor, at, ("i", j), tile.type) for j in ("j0", "j0 + 1")]
         first, last_in = elements[0][0], elements[1][1]
         whole = " && ".join(c for c in (last_in, f"tsr_pair_aligned(&{pointer}[{first}])") if c)
         self.open(f"if ({whole})")
@@ -1147,7 +1283,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         """Assign a loop's yields to the arrays it carries, through temporaries when a
         yield is not already in its array (one yield may read another's old value)."""
         moves = []
+        types = {}
         for value, array in zip(yields, arrays, strict=True):
+            types[array.name] = value.type
             if self.forms[value.id].name == array.name and self.forms[value.id].kind != "lazy":
                 continue
             if array.kind == "scalar":
@@ -1162,7 +1300,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             if array.kind == "scalar":
                 self.line(f"{array.name} = {value.name};")
                 continue
-            slots = _slots(array.dist, self.kernel.threads)
+            slots = self.share(array.dist, types[array.name])
             self.line(f"for (int t = 0; t < {slots}; ++t) {array.name}[t] = {value.name}[t];")
 
     def op_if(self, op: Op) -> None:
@@ -1236,3 +1374,8 @@ def _numel(dims: tuple[Dim, ...]) -> int:
         assert d.constant is not None
         total *= d.constant
     return total
+
+
+def _warps(count: int, lanes: str) -> str:
+    """``count`` warps of ``lanes`` threads, as a declaration of threads writes them."""
+    return lanes if count == 1 else f"{count}*{lanes}"

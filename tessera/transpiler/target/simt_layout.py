@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import field
 
 from ...frozen import frozen
 from ..graph.dims import Dim
@@ -33,7 +34,7 @@ from ..schedule.hardware import GRID_COLUMNS
 
 __all__ = ["NotLowered", "Flat", "Grid", "Rows", "FragmentShape", "MFMA_32X32", "MMA_16X8",
            "Fragments", "FragmentRows", "rows_of", "parenthesized", "Distribution", "Form",
-           "Element", "CHUNK_BYTES", "grid_for", "rows_for", "smem_index",
+           "Element", "CHUNK_BYTES", "FRAGMENT_SHAPES", "grid_for", "rows_for", "smem_index",
            "sw128_panel"]  # fmt: skip
 
 #: The XOR swizzle permutes 16-byte chunks within groups of at most 8.
@@ -110,25 +111,32 @@ class FragmentShape:
 
 #: 32x32 MFMA on 64-lane wavefronts (AMD's CDNA matrix-instruction layout): column
 #: ``lane % 32``, and sixteen rows per lane.
-MFMA_32X32 = FragmentShape(32, 32, 16, 16, "reg", "rs / 4 * 8 + lane / 32 * 4 + rs % 4",
-                           "lane % 32", (1, 2, 4, 8, 16))  # fmt: skip
+MFMA_32X32 = FragmentShape(32, 32, 16, 16, "reg", "rs / 4 * 8 + lane / TSR_MMA_N * 4 + rs % 4",
+                           "lane % TSR_MMA_N", (1, 2, 4, 8, 16))  # fmt: skip
 #: ``mma.sync`` m16n8 on 32-lane warps (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
 #: rows ``lane / 4`` and ``lane / 4 + 8``, two neighbouring columns in each. A ``wgmma``
 #: accumulator is the same fragment repeated along its columns.
 MMA_16X8 = FragmentShape(16, 8, 4, 2, "reg / 2", "lane / 4 + rs * 8", "lane % 4 * 2 + reg % 2",
                          (1, 2), "lane % 4 * 2")  # fmt: skip
+#: The fragment of each dialect's matrix instructions, whose shape the tile header names
+#: (``TSR_MMA_M``): ``mma.sync``'s and ``wgmma``'s accumulators, MFMA's.
+FRAGMENT_SHAPES = {"cuda": MMA_16X8, "hip": MFMA_32X32}
 
 
 @frozen
 class Fragments:
     """A 2-D tile in the accumulator layout of a matrix instruction: ``wm x wn`` warps
-    each own a ``rows/wm x cols/wn`` part, made of ``shape`` fragments."""
+    each own a ``rows/wm x cols/wn`` part, made of ``shape`` fragments. The terms it
+    prints name the instruction's shape and the warp's part (``TSR_MMA_M``, ``WARP_M``), which
+    the kernel declares (``numbers``)."""
 
     rows: int
     cols: int
     wm: int
     wn: int
     shape: FragmentShape
+    #: Its rows and columns as the code prints them (the tiles' names), where known.
+    extents: tuple[str, str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def fm(self) -> int:
@@ -139,20 +147,51 @@ class Fragments:
         return self.cols // self.wn // self.shape.n
 
     @property
+    def fm_text(self) -> str:
+        """``fm`` as the code prints it: a warp's rows in fragments (``WARP_M / TSR_MMA_M``,
+        ``BM / TSR_MMA_M``)."""
+        return self._fragments(self.fm, self.wm, 0, "TSR_MMA_M")
+
+    @property
+    def fn_text(self) -> str:
+        """``fn`` as the code prints it: a warp's columns in fragments (``BD / TSR_MMA_N``)."""
+        return self._fragments(self.fn, self.wn, 1, "TSR_MMA_N")
+
+    @property
+    def frags(self) -> str:
+        """The fragments of a warp's part, ``fm * fn``, as the code prints them."""
+        fm, fn = self.fm_text, self.fn_text
+        return fn if fm == "1" else fm if fn == "1" else f"{fm} * {parenthesized(fn)}"
+
+    def _fragments(self, count: int, warps: int, axis: int, mma: str) -> str:
+        part = ("WARP_M", "WARP_N")[axis] if warps > 1 else (self.extents or ("", ""))[axis]
+        return f"{part} / {mma}" if count > 1 and re.fullmatch(r"[A-Z_]\w*", part) else str(count)
+
+    @property
     def slots(self) -> int:
         return self.fm * self.fn * self.shape.regs
+
+    def numbers(self) -> dict[str, int]:
+        """The named numbers its terms print, and their values (a warp's part along an
+        axis that one warp spans is the tile's, never printed)."""
+        numbers = {"MMA_M": self.shape.m, "MMA_N": self.shape.n, "MMA_REGS": self.shape.regs}
+        if self.wm > 1:
+            numbers["WARP_M"] = self.rows // self.wm
+        if self.wn > 1:
+            numbers["WARP_N"] = self.cols // self.wn
+        return numbers
 
     @property
     def frag_row(self) -> str:
         """The first row of fragment ``frag`` in its warp's part, as a term of a sum (""
         where the part is one fragment high, whose ``frag / fn`` is 0)."""
-        return "" if self.fm == 1 else f"frag / {self.fn} * {self.shape.m} + "
+        return "" if self.fm == 1 else f"frag / {parenthesized(self.fn_text)} * TSR_MMA_M + "
 
     @property
     def frag_col(self) -> str:
         """The first column of fragment ``frag`` in its warp's part, as a term of a sum
         ("" where the part is one fragment wide, whose ``frag % fn`` is 0)."""
-        return "" if self.fn == 1 else f"frag % {self.fn} * {self.shape.n} + "
+        return "" if self.fn == 1 else f"frag % {parenthesized(self.fn_text)} * TSR_MMA_N + "
 
     @property
     def warp_row(self) -> str:
@@ -160,12 +199,12 @@ class Fragments:
         if self.wm == 1:
             return ""
         wave = "wave" if self.wn == 1 else f"wave / {self.wn}"
-        return f"{wave} * {self.rows // self.wm} + "
+        return f"{wave} * WARP_M + "
 
     @property
     def warp_col(self) -> str:
         """The first column of warp ``wave``'s part, as a term of a sum."""
-        return "" if self.wn == 1 else f"wave % {self.wn} * {self.cols // self.wn} + "
+        return "" if self.wn == 1 else f"wave % {self.wn} * WARP_N + "
 
 
 @frozen
@@ -234,8 +273,20 @@ def rows_for(rows: Dim, threads: int) -> Rows:
     return Rows(grid.rows, grid.ty)
 
 
-def smem_index(layout: str, dims: tuple[Dim, ...], bits: int, slot: str, i: str, j: str) -> str:
-    """The element offset of ``(i, j)`` in slot ``slot`` of a ``[rows, cols]`` buffer.
+def smem_index(
+    layout: str,
+    dims: tuple[Dim, ...],
+    bits: int,
+    slot: str,
+    i: str,
+    j: str,
+    extents: tuple[str, str] | None = None,
+    chunk: str | None = None,
+) -> str:
+    """The element offset of ``(i, j)`` in slot ``slot`` of a ``[rows, cols]`` buffer;
+    ``extents`` are its rows and columns as the code prints them (``BM``, ``BK``: the
+    tiles they are), and ``chunk`` the elements of a 16-byte chunk (``CHUNK_BYTES`` of
+    1-byte elements), the numbers where not given.
 
     ``row-major`` and ``padded +P`` (rows ``cols + P`` elements apart) are plain. In
     ``xor``, 16-byte chunk ``k`` of row ``i`` is stored at chunk ``k ^ (i % g)``, where
@@ -247,12 +298,16 @@ def smem_index(layout: str, dims: tuple[Dim, ...], bits: int, slot: str, i: str,
     assert rows is not None and cols is not None
     if layout == "sw128":
         return _sw128_index(rows, cols, bits, slot, i, j)
-    stride = cols + int(layout.removeprefix("padded +")) if layout.startswith("padded") else cols
-    row = i if slot == "0" else f"{slot} * {rows} + {i}"
+    c_rows, c_cols = extents or (str(rows), str(cols))
+    stride = c_cols
+    if layout.startswith("padded"):
+        pad = int(layout.removeprefix("padded +"))
+        stride = str(cols + pad) if c_cols.isdigit() else f"({c_cols} + {pad})"
+    row = i if slot == "0" else f"{slot} * {c_rows} + {i}"
     column = j
     if layout == "xor":
-        per_chunk = CHUNK_BYTES * 8 // bits
-        chunks = cols // per_chunk
+        chunks = cols // (CHUNK_BYTES * 8 // bits)
+        per_chunk = chunk or str(CHUNK_BYTES * 8 // bits)
         group = _SWIZZLE_GROUP
         while group > 1 and chunks % group:
             group //= 2

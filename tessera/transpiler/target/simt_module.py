@@ -30,6 +30,7 @@ from .naming import C_LIBRARY, GPU_BUILTINS, OPENCL_BUILTINS, Namer
 from .render import environment
 from .simt_dialect import Dialect
 from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
+from .simt_layout import FRAGMENT_SHAPES
 from .simt_tiles import WGMMA_FORMS
 from .sycl_launcher import Launcher, debug_host_code, launcher, launcher_view
 from .wrap import wrap_lines
@@ -93,7 +94,8 @@ class _KernelView:
         self.tma_ranks = simt.tma_ranks
         self.smem_bytes = simt.smem_bytes
         self.static_smem_bytes = simt.static_smem_bytes
-        self.grid = [f"{pid} < {_extent_text(extent, block)}" for pid, extent, block in simt.grid]
+        self.grid = [f"{pid} < {_extent_text(extent, simt.blocks.get(pid, block))}"
+                     for pid, extent, block in simt.grid]  # fmt: skip
         self.launch_grid = _launch_grid(simt.grid)
         body_names = names_used(simt.body)
         reverse = _longest_last(kernel, simt)
@@ -177,7 +179,9 @@ def _param_decl(p: Any, d: Dialect, named: bool = True) -> str:
     return f"const {d.scalar_types[p.dtype]} {name}"
 
 
-def _extent_text(extent: Any, block: int) -> str:
+def _extent_text(extent: Any, block: int | str) -> str:
+    """A grid axis's extent in programs, each of ``block`` (a tile's name where the
+    kernel declares it, ``ceil(N/BN)``)."""
     return str(extent) if block == 1 else f"ceil({extent}/{block})"
 
 
@@ -221,7 +225,12 @@ def emit_simt(
     wgmma = sorted({form for view in views.values() for form in view.wgmma})
     tma_ranks = sorted({rank for view in views.values() for rank in view.tma_ranks})
     primitives = env.get_template("tessera_tile.j2").render(
-        d=d, wgmma=wgmma, forms=WGMMA_FORMS, tma_ranks=tma_ranks
+        d=d,
+        wgmma=wgmma,
+        forms=WGMMA_FORMS,
+        tma_ranks=tma_ranks,
+        lanes=lanes,
+        mma=FRAGMENT_SHAPES.get(d.name),
     )
     primitives = primitives.strip()
     template = env.get_template("module.j2")

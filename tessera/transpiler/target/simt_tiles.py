@@ -21,7 +21,7 @@ from ...frozen import frozen
 from ..graph.dims import Dim
 from ..graph.dtypes import DTYPES
 from ..graph.ir import Op, Value
-from ..schedule.hardware import covers
+from ..schedule.hardware import GRID_COLUMNS, covers
 from ..tile.ir import Access, Mma, SharedType, Slot
 from ..tile.tma import fits_tma
 from .simt_layout import (
@@ -111,6 +111,8 @@ class SmemView:
     layout: str
     slot: str
     transposed: bool = False
+    #: Its rows and columns as the code prints them (``BM``, ``BK``).
+    extents: tuple[str, str] | None = None
     #: The ``read`` of the buffer, whose line a debug build's checks of it name.
     read: Op | None = field(default=None, compare=False, repr=False)
 
@@ -183,7 +185,11 @@ class TileOps:
         t: SharedType = buf.type
         plan = next(s for s in self.kernel.smem if s.buffer == (buf.name or "smem"))
         total = self.smem_bytes
-        arena = self.d.local_bytes("tsr_smem", total, self.arena_align)
+        # (16 bytes: aligned for the chunks that copies move)
+        align = str(self.arena_align)
+        if self.arena_align == CHUNK_BYTES:
+            align = self.named("CHUNK_BYTES", CHUNK_BYTES)
+        arena = self.d.local_bytes("tsr_smem", total, align)
         self.declare_local("tsr_smem", self.d.byte_type, total, self.arena_align, arena)
         name = self.namer.fresh(buf.name, "smem")
         storage = self.d.storage[t.dtype.name]
@@ -209,13 +215,28 @@ class TileOps:
         at = self.slot_index(buf, slot)
         extents = tuple(d.constant for d in t.dims[-2:])
         name = self.forms[buf.id].name
+        named, chunk = self.smem_extents(t), self.chunk_elements(t.dtype.bits)
 
         def element(index: tuple[str, ...]) -> str:
             index = self.shared_coords(op, name, extents, index)
             i, j = index if len(index) == 2 else ("0", index[0])
-            return smem_index(layout, t.dims, t.dtype.bits, at, i, j)
+            return smem_index(layout, t.dims, t.dtype.bits, at, i, j, named, chunk)
 
         return element
+
+    def chunk_elements(self, bits: int) -> str:
+        """The elements of ``bits`` that a 16-byte chunk holds: ``CHUNK_BYTES`` of 1-byte
+        elements, which would repeat the chunk's 16 in every swizzled address, the
+        number of wider ones."""
+        per = CHUNK_BYTES * 8 // bits
+        return self.named("CHUNK_BYTES", CHUNK_BYTES) if per == CHUNK_BYTES else str(per)
+
+    def smem_extents(self, t: SharedType) -> tuple[str, str]:
+        """The rows and columns of a slot of a shared buffer of type ``t``, as the code
+        prints them: the names of the tiles they are (``BN``, ``BD``)."""
+        dims = self.constants.shape(t)
+        rows, cols = dims[-2:] if len(dims) > 1 else (Dim.const(1), dims[0])
+        return self.c(rows), self.c(cols)
 
     def op_copy(self, op: Op) -> None:
         """A copy of a tile from global into shared memory, in 16-byte chunks where its
@@ -249,7 +270,9 @@ class TileOps:
         when = copy.attr("when")
         if when is None:
             return None
-        live = f"{self.c(when.start)} < {self.c(when.extent)}"
+        # the start of the tile it copies, along the axis whose offset it is
+        size = next((a.size for a in copy.attr("at").axes if a.offset == when.start), None)
+        live = f"{self.c(when.start, size)} < {self.c(when.extent)}"
         if when.stop is not None:
             live += f" && {self.c(when.stop[0])} < {self.c(when.stop[1])}"
         return live
@@ -259,7 +282,7 @@ class TileOps:
         place = self.smem_element(buf, op.attr("slot"), op)
         dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
         index = self.walk(Flat(tuple(buf.type.dims)), buf.type)
-        offset, condition = self.address(tensor, op.attr("at"), index)
+        offset, condition = self.address(tensor, op.attr("at"), index, buf.type)
         if tensor.type.dtype != buf.type.dtype:  # unpacked (i4 into bytes) as it is copied
             value = self.d.read(tensor.type.dtype.name, src, offset)
             value = f"{condition} ? {value} : 0.0f" if condition else value
@@ -276,6 +299,7 @@ class TileOps:
         tensor, buf = op.operands
         at: Access = op.attr("at")
         per = CHUNK_BYTES * 8 // buf.type.dtype.bits
+        chunk = self.chunk_elements(buf.type.dtype.bits)
         cols = buf.type.dims[-1].constant
         if at.axes[-1].index or cols is None or cols % per or len(buf.type.dims) > 2:
             return None
@@ -285,18 +309,18 @@ class TileOps:
             name, row = self.forms[tensor.id].name, tensor.type.dims[-1]
             terms = [f"tsr_aligned16({name})"]
             if not (row / per).is_integral:
-                terms.append(f"{self.c(row)} % {per} == 0")
+                terms.append(f"{self.c(row)} % {chunk} == 0")
             flag = self.aligned[tensor.id] = self.namer.fresh(f"{name}_aligned")
             self.declare(flag, f"const bool {flag} = {' && '.join(terms)};")
         condition = self.aligned[tensor.id]
         start, end = at.axes[-1].offset, at.axes[-1].extent
         if not (start / per).is_integral:
-            condition += f" && ({self.c(start)}) % {per} == 0"
+            condition += f" && ({self.c(start)}) % {chunk} == 0"
         width = end - start
         if at.axes[-1].masked and end != tensor.type.dims[-1] and not (width / per).is_integral:
             # a block of the row (a head of [S, H*D]) ends where a chunk may go on into
             # the next block: whole chunks only where it is whole chunks wide too
-            condition += f" && ({self.c(width)}) % {per} == 0"
+            condition += f" && ({self.c(width)}) % {chunk} == 0"
         return condition
 
     def copy_chunks(self, op: Op, aligned: str) -> None:
@@ -309,33 +333,39 @@ class TileOps:
         at: Access = op.attr("at")
         place = self.smem_element(buf, op.attr("slot"), op)
         dtype, src, dst = buf.type.dtype.name, self.forms[tensor.id].name, self.forms[buf.id].name
-        per = CHUNK_BYTES * 8 // buf.type.dtype.bits
-        *rows, cols = (d.constant for d in buf.type.dims)
-        row_chunks = cols // per
-        chunks = row_chunks * (rows[0] if rows else 1)
+        per, chunk = CHUNK_BYTES * 8 // buf.type.dtype.bits, self.chunk_elements(
+            buf.type.dtype.bits
+        )
+        rows = len(buf.type.dims) > 1
+        cols = self.smem_extents(buf.type)[1]
+        # the chunks of a row and of the tile: numbers, or the tiles' names divided
+        row_chunks = str(int(cols) // per) if cols.isdigit() else f"({cols} / {chunk})"
+        chunks = self.count(buf.type)
+        chunks = str(int(chunks) // per) if chunks.isdigit() else f"{chunks} / {chunk}"
         # A loop the compiler keeps rolled, as the element copies' is: unrolled, it keeps
         # every chunk's address live across the loop the copy runs ahead in.
         self.open(f"for (int e = lid; e < {chunks}; e += {self.constants.threads[1]})")
         if rows:
             self.line(f"const int i = e / {row_chunks};")
-            self.line(f"const int j = e % {row_chunks} * {per};")
+            self.line(f"const int j = e % {row_chunks} * {chunk};")
         else:
-            self.line(f"const int j = e * {per};")
+            self.line(f"const int j = e * {chunk};")
         index = ("i", "j") if rows else ("j",)
-        offset, live = self.address(tensor, at, index)
-        source, bytes_ = f"{src} + {offset}", str(CHUNK_BYTES)
+        offset, live = self.address(tensor, at, index, buf.type)
+        chunk_bytes = self.named("CHUNK_BYTES", CHUNK_BYTES)
+        source, bytes_ = f"{src} + {offset}", chunk_bytes
         self.open(f"if ({aligned})")
         if live:
-            self.line(f"const int bytes = {live} ? {CHUNK_BYTES} : 0;")
+            self.line(f"const int bytes = {live} ? {chunk_bytes} : 0;")
             source, bytes_ = f"bytes ? {src} + {parenthesized(offset)} : {src}", "bytes"
         function = "tsr_copy_async16" if op.attr("async") and self.d.async_copy else "tsr_copy16"
         self.line(f"{function}({dst} + {parenthesized(place(index))}, {source}, {bytes_});")
         self.close()
         self.otherwise()
         self.unroll()
-        self.open(f"for (int q = 0; q < {per}; ++q)")
+        self.open(f"for (int q = 0; q < {chunk}; ++q)")
         element = (*index[:-1], "j + q")
-        offset, condition = self.address(tensor, at, element)
+        offset, condition = self.address(tensor, at, element, buf.type)
         self.line(self.d.copy(dtype, dst, place(element), src, offset, condition))
         self.close()
         self.close()
@@ -369,8 +399,9 @@ class TileOps:
         if rows is not None and cols is not None:
             slot = self.slot_index(buf, op.attr("slot"))
             self.views[op.result.id] = SmemView(
-                name, rows, cols, t.dtype.bits, dtype, self.layouts[buf.id], slot, read=op
-            )
+                name, rows, cols, t.dtype.bits, dtype, self.layouts[buf.id], slot,
+                extents=self.smem_extents(t), read=op,
+            )  # fmt: skip
 
     def op_barrier(self, op: Op) -> None:
         """A barrier; in a kernel whose products read shared memory through ``wgmma``
@@ -422,14 +453,19 @@ class TileOps:
             raise NotLowered(f"the matrix instruction {mma.inst}")
         if not covers((shape.m, shape.n), rows, cols, (wm, wn)):
             raise NotLowered(f"a {rows}x{cols} product over {wm}x{wn} warps of {mma.inst}")
-        return Fragments(rows, cols, wm, wn, shape)
+        names = self.constants.shape(op.results[0].type)[-2:]
+        dist = Fragments(rows, cols, wm, wn, shape, (self.c(names[0]), self.c(names[1])))
+        for name, value in dist.numbers().items():
+            self.named(name, value)
+        return dist
 
     def op_dot(self, op: Op) -> None:
         a, b = op.operands
         name = self.namer.fresh(op.result.name, "dot")
         dist = self.product_dist(op, tuple(op.result.type.dims))
-        self.line(f"float {name}[{dist.slots}];")
-        self.line(f"for (int t = 0; t < {dist.slots}; ++t) {name}[t] = 0.0f;")
+        share = self.share(dist, op.result.type)
+        self.line(f"float {name}[{share}];")
+        self.line(f"for (int t = 0; t < {share}; ++t) {name}[t] = 0.0f;")
         self.multiply(op, a, b, name, dist)
         self.forms[op.result.id] = Form("owned", tuple(op.result.type.dims), name, dist=dist)
 
@@ -460,9 +496,10 @@ class TileOps:
         frag = self.namer.fresh(f"{a.name or 'a'}_frag")
         self.line(f"unsigned {frag}[{depth.constant // _WGMMA_K}][4];")
         self.unroll()
-        self.open(f"for (int kk = 0; kk < {self.c(named)}; kk += {_WGMMA_K})")
+        mma_k = self.named("MMA_K", _WGMMA_K)
+        self.open(f"for (int kk = 0; kk < {self.c(named)}; kk += {mma_k})")
         row, k = f"{dist.warp_row}lane / 4", "kk + lane % 4 * 2"
-        self.a_fragment(f"{frag}[kk / {_WGMMA_K}]", self.operand(a, op), row, k)
+        self.a_fragment(f"{frag}[kk / {mma_k}]", self.operand(a, op), row, k)
         self.close()
         self.wgmma_product(op, frag, b_view, named, acc, dist)
 
@@ -532,11 +569,12 @@ class TileOps:
             function = _MMA_SYNC[_mma_sync_dtype(inst) or ""][0]
             self.mma_sync_product(function, views[0] or a, views[1] or b, bound, acc, dist)
             return
-        rm, rn = dist.rm, dist.rn
+        rm, rn = self.block_rows(dist.rows, dist.ty, op.results[0].type), dist.rn
         self.place_in_grid()
         self.open(f"for (int kk = 0; {bound}; ++kk)")
         self.line(f"float a_k[{rm}], b_k[{rn}];")
-        row, col = f"ty + r * {dist.ty}", f"tx + c * {dist.tx}"
+        ty, tx = self.grid_threads()
+        row, col = f"ty + r * {ty}", f"tx + c * {tx}"
         self.line(f"for (int r = 0; r < {rm}; ++r) a_k[r] = {a((row, 'kk'))};")
         self.line(f"for (int c = 0; c < {rn}; ++c) b_k[c] = {b(('kk', col))};")
         self.open(f"for (int r = 0; r < {rm}; ++r)")
@@ -620,12 +658,12 @@ class TileOps:
         n = dist.cols
         self.wgmma.add((dtype, n, form))
         self.place_in_wave()
-        rows = f"wave / {_WARPGROUP} * {_WGMMA_M}"
+        rows = f"wave / {_WARPGROUP} * {self.named('WGMMA_M', _WGMMA_M)}"
         b_desc = self.descriptor(b, "b", "kk", "0")
         trans_b = int(not b.k_major("b"))
         self.line("tsr_wgmma_fence();")
         self.unroll()
-        self.open(f"for (int kk = 0; kk < {self.c(depth)}; kk += {step})")
+        self.open(f"for (int kk = 0; kk < {self.c(depth)}; kk += {self.named('WGMMA_K', step)})")
         function = f"tsr_wgmma_m{_WGMMA_M}n{n}k{step}_{dtype}_{form}"
         if isinstance(a, SmemView):
             a_desc = self.descriptor(a, "a", "kk", rows)
@@ -633,7 +671,8 @@ class TileOps:
             modes = f"<{trans_a}, {trans_b}>" if transposable else ""
             self.line(f"{function}{modes}({acc}, {a_desc}, {b_desc});")
         else:
-            self.line(f"{function}<{trans_b}>({acc}, {a}[kk / {_WGMMA_K}], {b_desc});")
+            mma_k = self.named("MMA_K", _WGMMA_K)
+            self.line(f"{function}<{trans_b}>({acc}, {a}[kk / {mma_k}], {b_desc});")
         self.close()
         self.line("tsr_wgmma_commit();")
         in_flight = op.attr("mma").in_flight
@@ -656,21 +695,21 @@ class TileOps:
         step, vector = _MFMA[inst][:2]
         per_lane = step // 2
         self.place_in_wave()
-        row = f"{dist.warp_row}fm * 32 + lane % 32"
-        col = f"{dist.warp_col}fn * 32 + lane % 32"
-        k = "kk + lane / 32" if per_lane == 1 else f"kk + lane / 32 * {per_lane} + q"
-        self.open(f"for (int kk = 0; {bound}; kk += {step})")
+        row = f"{dist.warp_row}fm * TSR_MMA_M + lane % TSR_MMA_M"
+        col = f"{dist.warp_col}fn * TSR_MMA_N + lane % TSR_MMA_N"
+        k = "kk + lane / TSR_MMA_M" if per_lane == 1 else f"kk + lane / TSR_MMA_M * {per_lane} + q"
+        self.open(f"for (int kk = 0; {bound}; kk += {self.named('MMA_K', step)})")
         self.unroll()
-        self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
+        self.open(f"for (int fm = 0; fm < {dist.fm_text}; ++fm)")
         self.fragment("a_frag", vector, per_lane, a((row, k)))
         self.unroll()
-        self.open(f"for (int fn = 0; fn < {dist.fn}; ++fn)")
+        self.open(f"for (int fn = 0; fn < {dist.fn_text}; ++fn)")
         self.fragment("b_frag", vector, per_lane, b((k, col)))
-        slots = f"{acc}[(fm * {dist.fn} + fn) * 16 + reg]"
+        slots = f"{acc}[(fm * {parenthesized(dist.fn_text)} + fn) * TSR_MMA_REGS + reg]"
         self.line("tsr_floatx16 frag_acc;")
-        self.line(f"for (int reg = 0; reg < 16; ++reg) frag_acc[reg] = {slots};")
+        self.line(f"for (int reg = 0; reg < TSR_MMA_REGS; ++reg) frag_acc[reg] = {slots};")
         self.line(f"frag_acc = __builtin_amdgcn_{inst}(a_frag, b_frag, frag_acc, 0, 0, 0);")
-        self.line(f"for (int reg = 0; reg < 16; ++reg) {slots} = frag_acc[reg];")
+        self.line(f"for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {slots} = frag_acc[reg];")
         self.close()
         self.close()
         self.close()
@@ -693,23 +732,24 @@ class TileOps:
         an array indexed by a variable of a loop that does not unroll (its bound is the
         live corner's) would live in local memory."""
         self.place_in_wave()
-        row = f"{dist.warp_row}fm * 16"
-        col = f"{dist.warp_col}fn * 8"
+        row = f"{dist.warp_row}fm * TSR_MMA_M"
+        col = f"{dist.warp_col}fn * TSR_MMA_N"
         tf32 = function == _MMA_SYNC["tf32"][0]
         k = "kk + lane % 4" if tf32 else "kk + lane % 4 * 2"
         assert not isinstance(a, str) or dist.fm == 1, "loaded fragments are one strip's"
         if tf32 and isinstance(a, str):
             raise NotLowered("a tf32 product of probabilities held in registers")
-        self.open(f"for (int kk = 0; {bound}; kk += {8 if tf32 else 16})")
+        mma_k = self.named("MMA_K", 8 if tf32 else _WGMMA_K)
+        self.open(f"for (int kk = 0; {bound}; kk += {mma_k})")
         if isinstance(a, str):
             choice = f"{a}[0][q]"
             for step in range(1, steps):
-                choice = f"kk == {step * _WGMMA_K} ? {a}[{step}][q] : {choice}"
+                choice = f"kk == {step} * {mma_k} ? {a}[{step}][q] : {choice}"
             self.line("unsigned a_step[4];")
             self.unroll()
             self.line(f"for (int q = 0; q < 4; ++q) a_step[q] = {choice};")
         else:
-            self.line(f"unsigned a_frag[{dist.fm}][4];")
+            self.line(f"unsigned a_frag[{dist.fm_text}][4];")
             self.unroll()
             self.open(f"for (int fm = 0; fm < {dist.fm}; ++fm)")
             if isinstance(a, SmemView):
@@ -720,7 +760,7 @@ class TileOps:
                 self.a_fragment("a_frag[fm]", a, f"{row} + lane / 4", k)
             self.close()
         self.unroll()
-        self.open(f"for (int fn = 0; fn < {dist.fn}; ++fn)")
+        self.open(f"for (int fn = 0; fn < {dist.fn_text}; ++fn)")
         self.line("unsigned b_frag[2];")
         if isinstance(b, SmemView):
             self.ldmatrix("b_frag", b, "b", col)
@@ -734,13 +774,12 @@ class TileOps:
                 pair = f"{b((kq, f'{col} + lane / 4'))}, {b((f'{kq} + 1', f'{col} + lane / 4'))}"
                 self.line(f"b_frag[{q}] = tsr_pack_b16({pair});")
         if isinstance(a, str):
-            self.line(f"{function}(&{acc}[fn * 4], a_step, b_frag);")
+            self.line(f"{function}(&{acc}[fn * TSR_MMA_REGS], a_step, b_frag);")
         else:
             self.unroll()
-            slots = f"&{acc}[(fm * {dist.fn} + fn) * 4]"
-            self.line(
-                f"for (int fm = 0; fm < {dist.fm}; ++fm) {function}({slots}, a_frag[fm], b_frag);"
-            )
+            slots = f"&{acc}[(fm * {parenthesized(dist.fn_text)} + fn) * TSR_MMA_REGS]"
+            self.line(f"for (int fm = 0; fm < {dist.fm_text}; ++fm) "
+                      f"{function}({slots}, a_frag[fm], b_frag);")  # fmt: skip
         self.close()
         self.close()
 
@@ -762,7 +801,7 @@ class TileOps:
         one ``m`` or ``n`` and the registers come as ``mma.sync`` takes them; otherwise
         a row is one ``k`` and ``.trans`` delivers them transposed."""
         count, mn_block = (4, "lane / 8 % 2") if role == "a" else (2, None)
-        k_block = "lane / 16" if role == "a" else "lane / 8 % 2"
+        k_block = "lane / 8 / 2" if role == "a" else "lane / 8 % 2"
         mn = f"{mn0} + {mn_block} * 8" if mn_block else mn0
         k = f"kk + {k_block} * 8"
         if view.k_major(role):
@@ -771,7 +810,8 @@ class TileOps:
             i, j, trans = f"{k} + lane % 8", mn, "_trans"
         dims = (Dim.const(view.rows), Dim.const(view.cols))
         i, j = self.shared_coords(view.read, view.name, (view.rows, view.cols), (i, j))
-        place = smem_index(view.layout, dims, view.bits, view.slot, i, j)
+        chunk = self.chunk_elements(view.bits)
+        place = smem_index(view.layout, dims, view.bits, view.slot, i, j, view.extents, chunk)
         self.line(f"tsr_ldmatrix_x{count}{trans}({frag}, {view.name} + {parenthesized(place)});")
 
     def a_fragment(self, frag: str, a: Element, row: str, k: str) -> None:
@@ -826,15 +866,17 @@ class TileOps:
     def row_combine(self, name: str, rows: Rows, combine: str) -> None:
         """Every thread's ``name[r]`` becomes the combination over the threads of its row."""
         threads, tx = self.kernel.threads, self.kernel.threads // rows.ty
-        self.declare_shared("float", "tsr_rows", rows.slots * threads, 4)
-        self.line(f"for (int r = 0; r < {rows.slots}; ++r) tsr_rows[r * {threads} + lid] = "
-                  f"{name}[r];")  # fmt: skip
+        assert tx == min(GRID_COLUMNS, threads), "every Grid of a kernel has one thread shape"
+        count, tx_name = self.constants.threads[1], self.grid_threads()[1]
+        slots = self.rows_slots(rows)
+        self.declare_shared("float", "tsr_rows", rows.slots * threads, 4, f"{slots}*{count}")
+        self.line(f"for (int r = 0; r < {slots}; ++r) tsr_rows[r * {count} + lid] = {name}[r];")
         self.line(self.d.barrier)
-        self.open(f"for (int r = 0; r < {rows.slots}; ++r)")
-        row = f"tsr_rows[r * {threads} + ty * {tx}"
+        self.open(f"for (int r = 0; r < {slots}; ++r)")
+        row = f"tsr_rows[r * {count} + ty * {tx_name}"
         self.line(f"float part = {row}];")
         other = combine.format(a="part", b=f"{row} + peer]")
-        self.line(f"for (int peer = 1; peer < {tx}; ++peer) part = {other};")
+        self.line(f"for (int peer = 1; peer < {tx_name}; ++peer) part = {other};")
         self.line(f"{name}[r] = part;")
         self.close()
         self.line(self.d.barrier)
@@ -847,9 +889,10 @@ class TileOps:
         shared memory on a Grid, by exchanging registers between the lanes of a row in
         fragments (each row lies in one warp)."""
         rows = rows_of(dist)
-        self.line(f"float {name}[{rows.slots}];")
+        slots = self.rows_slots(rows)
+        self.line(f"float {name}[{slots}];")
         if isinstance(dist, Grid):
-            self.open(f"for (int r = 0; r < {dist.rm}; ++r)")
+            self.open(f"for (int r = 0; r < {slots}; ++r)")
             self.line(f"float part = {init};")
             other = combine.format(a="part", b=f"{tile}[r * {dist.rn} + c]")
             self.line(f"for (int c = 0; c < {dist.rn}; ++c) part = {other};")
@@ -857,13 +900,13 @@ class TileOps:
             self.close()
             self.row_combine(name, Rows(dist.rows, dist.ty), combine)
             return
-        self.line(f"for (int r = 0; r < {rows.slots}; ++r) {name}[r] = {init};")
+        self.line(f"for (int r = 0; r < {slots}; ++r) {name}[r] = {init};")
         self.walk(dist)
         slot = f"{name}[{self.row_slot(dist)}]"
         self.line(f"{slot} = {combine.format(a=slot, b=f'{tile}[t]')};")
         self.close_walk()
         self.unroll()
-        self.open(f"for (int r = 0; r < {rows.slots}; ++r)")
+        self.open(f"for (int r = 0; r < {slots}; ++r)")
         for mask in dist.shape.row_lanes:
             other = self.d.shuffle_xor.format(x=f"{name}[r]", mask=mask)
             self.line(f"{name}[r] = {combine.format(a=f'{name}[r]', b=other)};")
@@ -933,9 +976,10 @@ class TileOps:
         inf = self.d.literal(float("-inf"))
         names = {x: self.forms[x.id].name for x in (m_c, l_c)}
         alpha, beta = self.namer.fresh("alpha"), self.namer.fresh("beta")
-        self.line(f"float {alpha}[{rows.slots}], {beta}[{rows.slots}];")
+        slots = self.rows_slots(rows)
+        self.line(f"float {alpha}[{slots}], {beta}[{slots}];")
         self.unroll()
-        self.open(f"for (int r = 0; r < {rows.slots}; ++r)")
+        self.open(f"for (int r = 0; r < {slots}; ++r)")
         self.line(f"const float m_new = {self.d.fmax}({m_form.name}[r], {names[m_c]}[r]);")
         self.line(f"const float m_fin = m_new == {inf} ? 0.0f : m_new;")
         self.line(f"{alpha}[r] = {self.exp_online(f'{m_form.name}[r] - m_fin')};")
@@ -986,13 +1030,14 @@ class TileOps:
         self.line(f"unsigned {frag}[{p_dist.cols // _WGMMA_K}][4];")
         self.unroll()
         named = self.constants.shape(p.type)[1]  # p's columns: the product's depth
-        self.open(f"for (int kk = 0; kk < {self.c(named)}; kk += {_WGMMA_K})")
+        mma_k = self.named("MMA_K", _WGMMA_K)
+        self.open(f"for (int kk = 0; kk < {self.c(named)}; kk += {mma_k})")
         for q in range(4):
             # Fragment kk / 8 + q / 2, registers 2 (q % 2) and the next, in row slot q % 2.
             slots = [q // 2 * 4 + q % 2 * 2 + one for one in (0, 1)]
             pair = [rounded.format(x=f"{name}[kk / 2{f' + {t}' if t else ''}] * {beta}[{q % 2}]")
                     for t in slots]  # fmt: skip
-            self.line(f"{frag}[kk / {_WGMMA_K}][{q}] = tsr_pack_b16({pair[0]}, {pair[1]});")
+            self.line(f"{frag}[kk / {mma_k}][{q}] = tsr_pack_b16({pair[0]}, {pair[1]});")
         self.close()
         view = self.views.get(v.id)
         if self.wgmma_ready(op, dist, depth, view):

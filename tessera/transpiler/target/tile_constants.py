@@ -85,10 +85,15 @@ class TileConstants:
         factors = [print_dim(d) for d in dims if d.constant is None]
         return "*".join(([str(number)] if number != 1 or not factors else []) + factors)
 
-    def declarations(self, code: str, form: str) -> list[str]:
+    def declarations(
+        self, code: str, form: str, written: dict[str, str] | None = None
+    ) -> list[str]:
         """The declarations, in ``form`` (``constexpr int {name} = {value};``), of the
-        constants that ``code`` uses, rows before columns before depth."""
-        values = {name: value for value, name in self._values()}
+        constants that ``code`` uses, rows before columns before depth; ``written`` gives
+        the expression a value is declared as, by name, where it is not the number
+        (``THREADS = 4*TSR_WARP_SIZE``)."""
+        values: dict[str, int | str] = {name: value for value, name in self._values()}
+        values.update(written or {})
         return [
             form.format(name=name, value=values[name])
             for name in sorted(values, key=lambda n: (_ORDER.get(n[:2], len(_ORDER)), n))
