@@ -29,9 +29,14 @@ def _compiled(expr: str) -> CodeType:
     return compile(expr.replace(" / ", " // "), "<c>", "eval")
 
 
+#: The tile header's names for the fragment shape, as the HIP header gives them: MFMA's
+#: layout reads them (``lane % TSR_MMA_N``); mma.sync's writes its numbers.
+_HEADER = {"TSR_MMA_M": MFMA_32X32.m, "TSR_MMA_N": MFMA_32X32.n}
+
+
 def _eval(expr: str, **names: int) -> int:
     """A C integer expression of non-negative values (``/`` truncates)."""
-    return int(eval(_compiled(expr), {}, names))
+    return int(eval(_compiled(expr), {}, {**_HEADER, **names}))
 
 
 @pytest.mark.parametrize(("shape", "lanes"), SHAPES)

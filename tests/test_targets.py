@@ -82,6 +82,8 @@ CHECKED_ELSEWHERE = {
     ("tessera/stdlib/put_along_axis.tsr", "put_along_axis"): "tests/test_scatter.py",
     ("tessera/stdlib/decode_attention.tsr", "decode_attention"): "tests/test_kvcache.py",
     ("examples/decode.tsr", "project"): "tests/test_decode_example.py",
+    ("examples/decode.tsr", "project_windowed"): "tests/test_decode_example.py",
+    ("examples/decode.tsr", "qkv"): "tests/test_decode_example.py",
     ("examples/optimizer_step.tsr", "adamw"): "tests/test_multi_result.py",
     ("examples/optimizer_step.tsr", "adamw_bf16"): "tests/test_multi_result.py",
     ("examples/decode.tsr", "finish"): "tests/test_decode_example.py",

@@ -92,6 +92,9 @@ _WALK_UNROLL = 4
 #: tensor into another, ptxas's live peak is 16 registers, 4 of them the two addresses;
 #: it reports 22: ptxas's count is a few above its live peak, for aligned 64-bit pairs).
 _FLAT_INDEX = 12
+#: Of ``_FLAT_INDEX``, the walk's 64-bit counter and bound, which a kernel that walks no
+#: elements does not spend (the KV cache's advance: one length a program).
+_WALK_COUNTER = 4
 _REGISTER_FILE = 65536
 #: Warps in a wgmma warpgroup.
 _WARPGROUP = 4
@@ -137,7 +140,8 @@ def _base(kernel: TileKernel, hw: Hardware) -> int:
         [op.results[0].type for op in ops if op.kind == "load"]
     ]
     vectors = max(sum(_vector_words(t, kernel.vector) for t in each) for each in loads)
-    return _FLAT_INDEX + 2 * tensors + vectors
+    walks = any(isinstance(r.type, TileType) for op in ops for r in op.results)
+    return _FLAT_INDEX - (0 if walks else _WALK_COUNTER) + 2 * tensors + vectors
 
 
 def _vector_words(t: TileType, vector: int) -> int:

@@ -109,6 +109,12 @@ _METHOD_HINTS = {
     "float": "x.to(f32)",
     "half": "x.to(f16)",
     "bfloat16": "x.to(bf16)",
+    "masked_fill": "where(mask, value, x)",
+    "contiguous": "x: a tensor here is always contiguous",
+    "clone": "x: a graph value is never changed in place, so it needs no copy",
+    "detach": "x, and differentiate with wrt= to leave a parameter out",
+    "size": "x.shape",
+    "repeat": "broadcast_to(x, shape) or concat([x, x], axis)",
 }
 
 
