@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .everywhere import EVERY_TARGET, load_everywhere
+from .everywhere import every_target_beyond, load_everywhere
 from .reference import f64
 
 pytestmark = pytest.mark.execute
@@ -41,7 +41,9 @@ def _heads(t: np.ndarray) -> np.ndarray:
     return t.reshape(b, s, 4, e // 4).transpose(0, 2, 1, 3)
 
 
-@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+@pytest.mark.parametrize(
+    ("target", "arch"), every_target_beyond("cpu", "opencl", "sm_80", "gfx90a")
+)
 @pytest.mark.parametrize("head_dim", [3, 5, 8])
 def test_products_of_split_heads(
     target: str, arch: str | None, head_dim: int, monkeypatch: pytest.MonkeyPatch

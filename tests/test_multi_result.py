@@ -18,7 +18,7 @@ import tessera
 from tessera.runtime import optstate
 
 from .conftest import ROOT
-from .everywhere import EVERY_TARGET, load_everywhere
+from .everywhere import every_target_beyond, load_everywhere
 from .reference import f64
 
 pytestmark = pytest.mark.execute
@@ -76,7 +76,7 @@ def test_a_chain_with_a_returned_intermediate_is_one_kernel() -> None:
     assert "buffer %a : tensor<[R, C], f32>" in sched, sched
 
 
-@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+@pytest.mark.parametrize(("target", "arch"), every_target_beyond("cpu", "opencl", "sm_80"))
 def test_several_results_of_one_kernel_match_float64(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -174,7 +174,7 @@ def _torch_step(tp: Any, optimizer: Any, grad: np.ndarray) -> tuple[np.ndarray, 
     return tp.detach().numpy(), moments["exp_avg"].numpy(), moments["exp_avg_sq"].numpy()
 
 
-@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+@pytest.mark.parametrize(("target", "arch"), every_target_beyond("cpu", "opencl", "sm_80"))
 def test_the_one_kernel_adamw_step_matches_torch(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

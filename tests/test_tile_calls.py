@@ -17,7 +17,7 @@ import pytest
 import tessera
 from tessera.transpiler.frontend.diagnostics import CompileError
 
-from .everywhere import EVERY_TARGET, load_everywhere
+from .everywhere import every_target_beyond, load_everywhere
 from .reference import BF16, f64
 from .test_cpu import COMPILERS, STRICT
 
@@ -118,7 +118,7 @@ def _shifted(x: np.ndarray, scale: float, shift: float = 0.5, flip: bool = False
 
 
 @pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+@pytest.mark.parametrize(("target", "arch"), every_target_beyond("cpu", "opencl", "sm_80"))
 def test_graph_functions_call_tile_kernels(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -256,6 +256,7 @@ def test_generated_cuda_compiles_warning_free(arch: str, tmp_path: Path) -> None
 
 
 @pytest.mark.compile
+@pytest.mark.exhaustive  # hipcc takes minutes of a core
 def test_generated_hip_compiles_warning_free(tmp_path: Path) -> None:
     from .test_hip import HIPCC, _hipcc_warning_free
 
@@ -406,7 +407,7 @@ def test_differentiating_a_tile_kernel_needs_its_rule() -> None:
 
 
 @pytest.mark.execute
-@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+@pytest.mark.parametrize(("target", "arch"), every_target_beyond("cpu", "opencl", "sm_80"))
 def test_a_tile_kernel_with_a_custom_vjp_is_differentiated_by_it(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
