@@ -40,6 +40,20 @@ def every_target_beyond(*kept: str) -> list[Any]:
     ]  # fmt: skip
 
 
+def built_everywhere(source: str, *kept: str) -> Any:
+    """A module-scoped fixture ``built``: ``source``'s functions built once for each
+    target, those beyond ``kept`` in the exhaustive tier (``every_target_beyond``)."""
+    targets = [pytest.param(p.values, marks=p.marks, id=p.id) for p in every_target_beyond(*kept)]
+
+    @pytest.fixture(scope="module", params=targets)
+    def built(request: pytest.FixtureRequest) -> Any:
+        target, arch = request.param
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            yield load_everywhere(source, target, arch, monkeypatch)
+
+    return built
+
+
 def load_everywhere(
     source: str, target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch,
     defines: dict[str, int] | None = None,

@@ -25,7 +25,7 @@ import tessera
 from tessera.transpiler.target.nvrtc import build
 from tessera.transpiler.tile.interpret import run_function
 
-from .everywhere import every_target_beyond, load_everywhere
+from .everywhere import built_everywhere
 from .test_autodiff import assert_one_error
 from .test_cpu import COMPILERS, STRICT
 from .test_cuda import NVCC, _nvcc, needs_nvrtc
@@ -250,19 +250,9 @@ def _tolerance(name: str) -> float:
     return 2e-5 if name.startswith(("cross_entropy", "einsum", "cumsum")) else 1e-6
 
 
-#: The targets: the CPU, OpenCL and CUDA on the simulated GPU here, the rest exhaustive.
-TARGETS = [
-    pytest.param(p.values, marks=p.marks, id=p.id)
-    for p in every_target_beyond("cpu", "opencl", "sm_80")
-]
-
-
-@pytest.fixture(scope="module", params=TARGETS)
-def built(request: pytest.FixtureRequest) -> Any:
-    """Every case's function, built once for the target."""
-    target, arch = request.param
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        yield load_everywhere(SOURCE, target, arch, monkeypatch)
+#: Every case's function, built once for each target: the CPU, OpenCL and CUDA on the
+#: simulated GPU here, the rest exhaustive.
+built = built_everywhere(SOURCE, "cpu", "opencl", "sm_80")
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -469,8 +459,14 @@ def test_cpu_code_compiles_warning_free(compiler: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_80"), ("cuda", "sm_90a"),
-                                              ("hip", "gfx90a")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("target", "arch"),
+    [
+        ("cuda", "sm_80"),
+        pytest.param("cuda", "sm_90a", marks=pytest.mark.exhaustive),
+        pytest.param("hip", "gfx90a", marks=pytest.mark.exhaustive),  # hipcc: minutes of one core
+    ],
+)
 def test_gpu_code_compiles_warning_free(target: str, arch: str, tmp_path: Path) -> None:
     """nvcc and hipcc, every warning an error."""
     if target == "cuda":

@@ -106,6 +106,11 @@ CANONICAL = [
         "ok = not a and (b or c) and 0 <= i < n and k not in s\n",
         "ok = not a and (b or c) and 0 <= i < n and k not in s\n",
     ),
+    (
+        "mask operators bind as in Python",
+        "m = ((x > 0.0) & (y < 1.0)) | ~(x > y) ^ (x == y)\nk = (1 | 2) & 3\nn = x < (1 & 2)\n",
+        "m = (x > 0.0) & (y < 1.0) | ~(x > y) ^ (x == y)\nk = (1 | 2) & 3\nn = x < 1 & 2\n",
+    ),
     ("conditional expression", "s = 1.0 if causal else 0.5\n", "s = 1.0 if causal else 0.5\n"),
     (
         "method chain with spaces",

@@ -83,7 +83,7 @@ class DictExpr(Node):
 
 @frozen
 class UnaryOp(Node):
-    """``-x``, ``+x`` or ``not x``."""
+    """``-x``, ``+x``, ``~x`` or ``not x``."""
 
     op: str
     operand: Expr
@@ -91,7 +91,7 @@ class UnaryOp(Node):
 
 @frozen
 class BinOp(Node):
-    """Arithmetic: ``+ - * / // % @ **``."""
+    """Arithmetic, ``+ - * / // % @ **``, and ``& | ^`` (of masks: and, or, xor)."""
 
     op: str
     left: Expr

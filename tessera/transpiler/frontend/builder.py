@@ -449,6 +449,22 @@ class Builder:
     expr = _fold
     term = _fold
 
+    def _chain(self, op: str, children: list) -> Any:
+        """A chain whose operator token the grammar drops: ``a | b | c``."""
+        node = children[0]
+        for right in children[1:]:
+            node = ast.BinOp(op, node, right, span=node.span.to(right.span))
+        return node
+
+    def bit_or(self, children: list, span: Span) -> Any:
+        return self._chain("|", children)
+
+    def bit_xor(self, children: list, span: Span) -> Any:
+        return self._chain("^", children)
+
+    def bit_and(self, children: list, span: Span) -> Any:
+        return self._chain("&", children)
+
     def unary(self, children: list, span: Span) -> ast.UnaryOp:
         return ast.UnaryOp(str(children[0]), children[1], span=span)
 

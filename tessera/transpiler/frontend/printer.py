@@ -21,8 +21,10 @@ LINE_LENGTH = 100
 INDENT = "    "
 
 # Binding strength, as in Python's grammar (higher binds tighter).
-_TUPLE, _TERNARY, _OR, _AND, _NOT, _COMPARE, _ARITH, _TERM, _UNARY, _POWER, _PRIMARY = range(11)
-_BINARY = {"+": _ARITH, "-": _ARITH, "*": _TERM, "/": _TERM, "//": _TERM, "%": _TERM, "@": _TERM}
+(_TUPLE, _TERNARY, _OR, _AND, _NOT, _COMPARE, _BIT_OR, _BIT_XOR, _BIT_AND, _ARITH, _TERM, _UNARY,
+ _POWER, _PRIMARY) = range(14)  # fmt: skip
+_BINARY = {"+": _ARITH, "-": _ARITH, "*": _TERM, "/": _TERM, "//": _TERM, "%": _TERM, "@": _TERM,
+           "|": _BIT_OR, "^": _BIT_XOR, "&": _BIT_AND}  # fmt: skip
 
 
 def print_module(module: ast.Module) -> str:
@@ -301,9 +303,9 @@ class _Printer:
 
     @_expr.register
     def _(self, node: ast.Compare) -> tuple[str, int]:
-        parts = [self.expr(node.left, _ARITH)]
+        parts = [self.expr(node.left, _BIT_OR)]
         for op, right in zip(node.ops, node.comparators, strict=True):
-            parts += [op, self.expr(right, _ARITH)]
+            parts += [op, self.expr(right, _BIT_OR)]
         return " ".join(parts), _COMPARE
 
     @_expr.register

@@ -139,8 +139,6 @@ def _bad_character(exc: UnexpectedCharacters, source: SourceFile) -> Diagnostic:
             "names and operators in .tsr files are ASCII",
             span,
         )
-    if char in "&|^~<>":
-        return _error(f"bitwise operator '{char}' is not supported in Tessera", span)
     return _error(f"unexpected character '{char}'", span)
 
 
@@ -173,6 +171,7 @@ class _ErrorContext:
             self._unclosed_bracket,
             self._missing_def,
             self._missing_colon,
+            self._shift,
             self._missing_operand,
         ):
             found = check()
@@ -239,6 +238,19 @@ class _ErrorContext:
             notes = (Note("to compare two values, use '=='", self._token_span(self.token)),)
         span = self._after_span(self.previous)
         return _error(f"expected ':' after {_COLON_AFTER[keyword.value]}", span, notes)
+
+    def _shift(self) -> Diagnostic | None:
+        """``a << b``: two comparison tokens side by side, which Python reads as a shift."""
+        previous = self.previous
+        if previous is None or self.token.value not in "<>" or previous.value != self.token.value:
+            return None
+        if (previous.end_line, previous.end_column) != (self.token.line, self.token.column):
+            return None
+        span = Span(self.source, previous.line, previous.column, self.token.line,
+                    self.token.column + 1)  # fmt: skip
+        return _error(
+            f"the shift operator '{self.token.value * 2}' is not supported in Tessera", span
+        )
 
     def _missing_operand(self) -> Diagnostic | None:
         previous = self.previous

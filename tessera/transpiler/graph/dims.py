@@ -219,7 +219,7 @@ class DimSyntaxError(ValueError):
         self.offset = offset
 
 
-_TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>[-+*/()]))")
+_TOKEN = re.compile(r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>//|[-+*/()]))")
 
 
 @lru_cache(maxsize=4096)
@@ -247,7 +247,9 @@ class _DimParser:
                     stray,
                 )
             kind = match.lastgroup or ""
-            self.tokens.append((kind, match.group(kind), match.start(kind)))
+            token = match.group(kind)
+            # "D//2" is "D/2", as D // 2 of a size is in code: a whole quotient, checked
+            self.tokens.append((kind, "/" if token == "//" else token, match.start(kind)))
             pos = match.end()
         self.index = 0
         self.depth = 0

@@ -29,6 +29,7 @@ from .kvcache import cache_param, check_append, check_not_attended, rolling_wind
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .optstate import adam_on_state
 from .schedule_spec import ScheduleSpec, apply_method
+from .splits import SPLITS, split_parts
 from .tile_ops import TILE_DIMS
 from .tile_sizes import check_size_as_number
 from .types import KVCacheType, ScalarType, TensorType, TileType
@@ -76,12 +77,20 @@ _MODULES = ("math", "np", "numpy", "torch", "jnp", "jax", "F")
 NAMESPACES = ("tile", "ops", "tessera")
 BUILTINS = (
     "float", "int", "range", "dict", "Schedule", "device", "prefetch", "grad", "value_and_grad",
-    "checkpoint",
+    "checkpoint", "split", "chunk", "len",
 )  # fmt: skip
 #: The ops that read a mask: ``where`` its ``cond``, ``cast``, the ops of masks, ``any``
 #: and ``all``, and the views and broadcasts of ``array_ops``.
 _READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values(),
                          *MASK_READERS})  # fmt: skip
+#: Operators that numpy, PyTorch and Python also spell as functions: ``pow(x, 2)``.
+_OPERATOR_FUNCTIONS = {"pow": "pow", "power": "pow"}
+#: numpy's and PyTorch's other names of ops, as functions and methods: ``x.amax(-1)``.
+_NAME_ALIASES = {"amax": "max", "amin": "min"}
+
+#: ``&``, ``|`` and ``^``: of compile-time ints and bools as Python computes them, of masks
+#: the ops of ``LOGICAL`` (``_mask_binary``).
+_MASK_OPERATORS = {"&": operator.and_, "|": operator.or_, "^": operator.xor}
 _ARITH = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod",
           "**": "pow"}  # fmt: skip
 #: Graph ops that are methods of a tensor too, as in NumPy and PyTorch: ``x.sum(axis=0)``
@@ -103,17 +112,16 @@ _METHODS = (
 #: ``x.transpose(1, 2)``.
 _AXIS_METHODS = {"transpose": "transpose()", "permute": "permute()"}
 
+#: PyTorch's tensor methods that are other ops here (``Evaluator._torch_method``): a cast's
+#: dtype, or None.
+_TORCH_METHODS = {"float": "f32", "half": "f16", "bfloat16": "bf16", "int": "i32", "t": None,
+                  "matmul": None, "mm": None, "chunk": None, "split": None, "size": None,
+                  "masked_fill": None, "contiguous": None, "clone": None}  # fmt: skip
+
 #: What to write instead of a tensor method that PyTorch or NumPy code has and a
 #: tensor here does not: each one's hint in the error.
 _METHOD_HINTS = {
-    "float": "x.to(f32)",
-    "half": "x.to(f16)",
-    "bfloat16": "x.to(bf16)",
-    "masked_fill": "where(mask, value, x)",
-    "contiguous": "x: a tensor here is always contiguous",
-    "clone": "x: a graph value is never changed in place, so it needs no copy",
     "detach": "x, and differentiate with wrt= to leave a parameter out",
-    "size": "x.shape",
     "repeat": "broadcast_to(x, shape) or concat([x, x], axis)",
 }
 
@@ -165,6 +173,10 @@ class Evaluator:
                 return called
         if name in GRAPH_OPS and GRAPH_OPS[name].level != "any":
             return OpRef(name)
+        if name in _OPERATOR_FUNCTIONS:
+            return OpRef(_OPERATOR_FUNCTIONS[name])
+        if name in _NAME_ALIASES:
+            return self.lookup(_NAME_ALIASES[name], span)
         if name in BUILTINS:
             return OpRef(name)
         if name in ("kernel", "verify", "jit", "autodiff"):
@@ -173,7 +185,7 @@ class Evaluator:
             return DimValue(self.function.dims[name])  # a size named by a parameter's type
         known = set(self.owner.globals) | set(CONSTANTS) | set(DTYPES) | set(ALIASES)
         known |= set(NAMESPACES) | {n for n, s in GRAPH_OPS.items() if s.level == "graph"}
-        known |= set(BUILTINS)
+        known |= set(BUILTINS) | set(_OPERATOR_FUNCTIONS)
         if self.function is not None:
             known |= {n for n, v in self.function.env.items() if not isinstance(v, Poison)}
             known |= set(self.function.dims)
@@ -272,13 +284,17 @@ class Evaluator:
         v = operand.value
         if isinstance(v, Poison):
             return POISON
-        if node.op == "not":
-            if isinstance(v, Const):
-                return Const(not v.value)
+        if node.op in ("not", "~"):
+            if isinstance(v, Const):  # ~ of an int is Python's, of a bool numpy's: not
+                bits = node.op == "~" and type(v.value) is int
+                return Const(~v.value if bits else not v.value)
             if is_mask(v):
-                return self.call_op(GRAPH_OPS["logical_not"], [operand], [], node.span, "not")
+                return self.call_op(GRAPH_OPS["logical_not"], [operand], [], node.span, node.op)
             raise SemanticError(
-                "'not' needs a mask (a comparison of tensors) or a value known at compile time",
+                f"'{node.op}' needs a mask (a comparison of tensors) or a value known at compile "
+                "time"
+                + (f", not {describe(v)}: Tessera has no bitwise operations on tensors"
+                   if node.op == "~" else ""),  # fmt: skip
                 node.span,
             )
         if (
@@ -300,6 +316,8 @@ class Evaluator:
         a, b = left.value, right.value
         if isinstance(a, Poison) or isinstance(b, Poison):
             return POISON
+        if node.op in _MASK_OPERATORS:
+            return self._mask_binary(node, left, right)
         for operand in (left, right):  # a function, dtype or namespace is no operand
             if not isinstance(operand.value, (Value, Const, DimValue)):
                 raise SemanticError(
@@ -376,7 +394,20 @@ class Evaluator:
             "dim_to_float", (), (ScalarType("float"),), (("dim", v.dim),), (), span
         )[0]
 
-    def _dim_arith(self, node: ast.BinOp, left: Ev, right: Ev) -> DimValue:
+    def _dim_arith(self, node: ast.BinOp, left: Ev, right: Ev) -> Any:
+        if any(is_number(ev.value) and isinstance(ev.value.value, float) for ev in (left, right)):
+            # D ** 0.5, D * 0.5: a size with a float is a float, as Python's int is
+            floats = [
+                (
+                    Ev(self._dim_as_float(ev.value, ev.span, ev.text), ev.span, ev.source)
+                    if isinstance(ev.value, DimValue)
+                    else ev
+                )
+                for ev in (left, right)
+            ]
+            if all(isinstance(ev.value, Const) for ev in floats):
+                return Const(_fold(node, floats[0].value.value, floats[1].value.value))
+            return self._scalar_arith(node, *floats)
         dims = []
         for ev in (left, right):
             v = ev.value
@@ -426,6 +457,36 @@ class Evaluator:
         return self._runtime(node.span).emit(
             _ARITH[node.op], tuple(operands), (ScalarType(kind),), attrs, (), node.span
         )[0]
+
+    def _mask_binary(self, node: ast.BinOp, left: Ev, right: Ev) -> Any:
+        """``a & b``, ``a | b`` and ``a ^ b``: of masks, numpy's spellings of ``and``,
+        ``or`` and xor; of compile-time ints and bools, Python's."""
+        raw = [ev.value.value if isinstance(ev.value, Const) else None for ev in (left, right)]
+        if all(isinstance(r, int) for r in raw):
+            return Const(_MASK_OPERATORS[node.op](*raw))
+        for ev in (left, right):
+            if not is_mask(ev.value):
+                raise SemanticError(
+                    f"'{node.op}' combines masks (comparisons of tensors), not "
+                    f"{describe(ev.value)}; Tessera has no bitwise operations on tensors",
+                    ev.span,
+                    (
+                        Note(
+                            f"'{node.op}' binds tighter than a comparison, as in Python: "
+                            f"write (x > 0.0) {node.op} (x < 1.0)"
+                        ),
+                    ),
+                )
+        if node.op != "^":
+            kind = LOGICAL["and" if node.op == "&" else "or"]
+            return self.call_op(GRAPH_OPS[kind], [left, right], [], node.span, node.op)
+
+        def mask(kind: str, *operands: Ev) -> Ev:
+            value = self.call_op(GRAPH_OPS[kind], list(operands), [], node.span, "^")
+            return Ev(value, node.span, node)
+
+        not_both = mask("logical_not", mask("logical_and", left, right))
+        return mask("logical_and", mask("logical_or", left, right), not_both).value
 
     def _widened(self, v: Value, span: Span) -> Value:
         """``float(v)`` of an int scalar ``v``: ``v * 1.0``, which C widens as Python does
@@ -586,16 +647,21 @@ class Evaluator:
     def _value_attr(self, base: Ev, attr: str, span: Span) -> Any:
         v: Value = base.value
         t = v.type
+        attr = _NAME_ALIASES.get(attr, attr)
         if isinstance(t, (TensorType, TileType)):
             if attr == "shape":
                 return ShapeValue(t.dims)
             if attr == "dtype":
                 return DTypeRef(t.dtype)
+            if attr == "ndim":
+                return Const(t.rank)
             if attr == "T":
                 spec = GRAPH_OPS["tile.transpose" if isinstance(t, TileType) else "transpose"]
                 return self.call_op(spec, [base], [], span, f"{base.text}.T")
             if attr in ("to", "astype"):  # x.to(bf16) (PyTorch, Triton), x.astype(bf16) (NumPy)
                 return OpRef("tile.cast" if isinstance(t, TileType) else "cast", base)
+            if attr in _TORCH_METHODS and isinstance(t, TensorType):
+                return OpRef(f"torch.{attr}", base)
             if attr in ("reshape", "view") and isinstance(t, TensorType):  # x.view(B*S, C)
                 return OpRef("reshape", base)
             if attr in _AXIS_METHODS and isinstance(t, TensorType):  # read by _reordered
@@ -697,6 +763,7 @@ class Evaluator:
             else:
                 items.append(item)
         bounds: dict[int, tuple[Dim, Dim, Span]] = {}
+        steps: dict[int, tuple[int, Span]] = {}
         shape: list[int | None] = []  # the result's axes: the source's, or None for a new one
         axis = 0
         for item in items:
@@ -704,26 +771,30 @@ class Evaluator:
                 shape.append(None)
                 continue
             if item is not None:
-                if isinstance(v.type, TileType) or (isinstance(item, ast.Slice) and item.step):
+                if isinstance(v.type, TileType):
                     raise SemanticError(
-                        (
-                            "only ':' and None (a new axis of one element) index a tile; "
-                            "tile.split cuts one into parts"
-                            if isinstance(v.type, TileType)
-                            else "a slice with a step is not supported"
-                        ),
+                        "only ':' and None (a new axis of one element) index a tile; "
+                        "tile.split cuts one into parts",
                         item.span,
                     )
+                if isinstance(item, ast.Slice) and item.step is not None:
+                    steps[axis] = (self._slice_step(item.step), item.span)
                 bounds[axis] = self._slice_bounds(v.type.dims[axis], item)
             if item is None or isinstance(item, ast.Slice):  # an integer drops the axis
                 shape.append(axis)
             axis += 1
         shape += range(axis, rank)  # the axes after the last item are whole
-        if bounds:
-            v = self._sliced(v, bounds, node.span)
+        plain = {a: bound for a, bound in bounds.items() if a not in steps}
+        if plain:
+            v = self._sliced(v, plain, node.span)
+        for stepped, (step, span) in steps.items():
+            start, stop, _ = bounds[stepped]
+            v = self._stepped(v, stepped, step, start, stop, span)
         if shape == list(range(rank)):
             return v
         dims = tuple(Dim.const(1) if a is None else v.type.dims[a] for a in shape)
+        if dims == v.type.dims:  # x[:, None, -1] of [N, D] is x[:, -1:]
+            return v
         if not bounds and len(shape) - shape.count(None) == rank:  # new axes only
             kind = "expand_dims"
             attrs = (("axes", tuple(i for i, a in enumerate(shape) if a is None)),)
@@ -762,18 +833,92 @@ class Evaluator:
         """``x[..., a:b]``, ``x[:, :T]``: elements ``[a, b)`` along each sliced axis. A view:
         the kernels that read it read each row where it lies, as they read
         ``split_qkv``'s parts."""
-        if x.type.rank < 2:
-            raise SemanticError(
-                "indexing a vector is not supported yet; indexing one row is: "
-                "x.reshape(1, -1)[:, a:b]",
-                span,
-            )
+        if x.type.rank == 1:  # a vector as one row
+            row = self._reshaped(x, (Dim.const(1), x.type.dims[0]), span)
+            part = self._sliced(row, {1: bounds[0]}, span)
+            return self._reshaped(part, (part.type.dims[1],), span)
         dims, starts = list(x.type.dims), [Dim.const(0)] * x.type.rank
         for axis, (start, stop, _) in bounds.items():
             starts[axis], dims[axis] = start, stop - start
+        view = self._runtime(span).producer(x)
+        if (
+            view is not None
+            and view.kind == "slice"
+            and view.attr("perm") == tuple(range(len(dims)))
+        ):
+            # a slice of a slice is one slice of the first's source: x[:, 2:9][:, ::2]
+            x = view.operands[0]
+            starts = [a + b for a, b in zip(view.attr("starts"), starts, strict=True)]
         result = TensorType(tuple(dims), x.type.dtype)
         attrs = (("perm", tuple(range(x.type.rank))), ("starts", tuple(starts)))
         return self._runtime(span).emit("slice", (x,), (result,), attrs, (), span)[0]
+
+    def _slice_step(self, expr: ast.Expr) -> int:
+        """The step of ``a:b:k``: a positive integer known at compile time."""
+        step = self.eval(expr).value
+        if not is_int(step):
+            raise SemanticError(f"a slice step is an integer, not {describe(step)}", expr.span)
+        if step.value <= 0:
+            raise SemanticError(
+                (
+                    "a slice step is positive: a negative one (reversing an axis) is not supported"
+                    if step.value
+                    else "a slice step cannot be zero"
+                ),
+                expr.span,
+            )
+        return step.value
+
+    def _stepped(self, x: Value, axis: int, step: int, start: Dim, stop: Dim, span: Span) -> Value:
+        """``x[..., start:stop:step]`` along ``axis``: numpy's ``ceil((stop - start) /
+        step)`` elements, read as the column ``c`` of a window of whole groups of ``step``
+        (``[count, step]``) that starts ``c`` elements before ``start``, where the axis has
+        room for one (``x[:, 1::2]`` of an even ``D`` is column 1 of ``[D/2, 2]``);
+        otherwise as the whole groups and the last element apart, joined (``concat``).
+        A symbolic count must come out whole: a guard checks it at the call."""
+        if step == 1:
+            return self._sliced(x, {axis: (start, stop, span)}, span)
+        if x.type.rank == 1:  # a vector as one row, as _sliced takes it
+            row = self._reshaped(x, (Dim.const(1), x.type.dims[0]), span)
+            taken = self._stepped(row, 1, step, start, stop, span)
+            return self._reshaped(taken, (taken.type.dims[1],), span)
+        dims = x.type.dims
+        length = stop - start
+        offset = sum((c for m, c in length.terms if not m), Fraction(0))
+        short = int(-offset % step) if offset.denominator == 1 else 0  # the last group's gap
+        count = (length + short) / step
+        if not count.is_integral:
+            shown = f"the slice {start}:{stop}:{step} of a dim of {dims[axis]}"
+            self._runtime(span).guard(
+                "divisible", *count.fraction(), f"{shown} takes whole steps", span
+            )
+        slack = dims[axis] - stop
+        lowest = short - int(slack.constant) if slack.constant is not None else short
+        highest = min(step - 1, int(start.constant) if start.constant is not None else 0)
+        column = max(lowest, 0)
+        if column > highest:  # no room: the whole groups, then the last element
+            whole = start + (count - 1) * step
+            last = self._sliced(x, {axis: (whole, whole + 1, span)}, span)
+            if whole == start:
+                return last
+            head = self._stepped(x, axis, step, start, whole, span)
+            parts = Ev(Const((head, last)), span, "the whole steps and the last element")
+            where = [("axis", Ev(Const(axis), span, str(axis)), span)]
+            return self.call_op(GRAPH_OPS["concat"], [parts], where, span, "a strided slice")
+        first = start - column
+        window = self._sliced(x, {axis: (first, first + count * step, span)}, span)
+        groups = (*dims[:axis], count, Dim.const(step), *dims[axis + 1 :])
+        picked = self._sliced(
+            self._reshaped(window, groups, span),
+            {axis + 1: (Dim.const(column), Dim.const(column + 1), span)},
+            span,
+        )
+        return self._reshaped(picked, (*dims[:axis], count, *dims[axis + 1 :]), span)
+
+    def _reshaped(self, x: Value, dims: tuple[Dim, ...], span: Span) -> Value:
+        result = TensorType(tuple(dims), x.type.dtype)
+        attrs = (("shape", result.dims),)
+        return self._runtime(span).emit("reshape", (x,), (result,), attrs, (), span)[0]
 
     def _slice_bounds(self, size: Dim, item: ast.Expr) -> tuple[Dim, Dim, Span]:
         """Where ``item`` (a slice, as NumPy's, or an integer: one element) takes an axis of
@@ -914,6 +1059,8 @@ class Evaluator:
             return TileContext()
         if name in ("float", "int"):
             return self._convert(name, node, args, keywords)
+        if name == "len":
+            return self._length(node, args, keywords)
         if name in ("dict",):
             if args:
                 raise SemanticError("dict() takes keyword arguments only here", node.span)
@@ -931,6 +1078,11 @@ class Evaluator:
             )
         if name == "kvcache.append":
             return self._append(node, ref.receiver, args, keywords)
+        if name.startswith("torch."):
+            return self._torch_method(name.split(".", 1)[1], ref.receiver, node, args, keywords)
+        if name in SPLITS:
+            operands = [ref.receiver, *args] if isinstance(ref.receiver, Ev) else args
+            return split_parts(self, name, operands, keywords, node.span, callee.text)
         if isinstance(ref.receiver, Ev):  # x.to(dtype), x.sum(axis=0): x is the operand
             if name in ("cast", "tile.cast", "reshape") and len(args) + len(keywords) != 1:
                 usage = (
@@ -1051,6 +1203,66 @@ class Evaluator:
             f"not {describe(v)}",
             args[0].span,
         )
+
+    def _length(self, node: ast.Call, args: list[Ev], keywords: list) -> Any:
+        """``len(x)``: a tensor's first size, as Python's ``len`` of an array is; the
+        number of items of a shape, tuple or list."""
+        if len(args) != 1 or keywords:
+            raise SemanticError("len() takes one argument", node.span)
+        v = args[0].value
+        if isinstance(v, Value) and isinstance(v.type, TensorType) and v.type.rank:
+            return DimValue(v.type.dims[0])
+        if isinstance(v, ShapeValue):
+            return Const(len(v.dims))
+        if isinstance(v, (tuple, list)) or (
+            isinstance(v, Const) and isinstance(v.value, (tuple, list, str))
+        ):
+            return Const(len(v.value if isinstance(v, Const) else v))
+        raise SemanticError(f"len() of {describe(v)}", args[0].span)
+
+    def _torch_method(
+        self, name: str, x: Ev, node: ast.Call, args: list[Ev], keywords: list
+    ) -> Any:
+        """PyTorch's tensor methods that are another op here: ``x.float()`` is
+        ``x.to(f32)``, ``x.t()`` a matrix's transpose, ``x.matmul(w)`` ``x @ w``,
+        ``x.size(i)`` ``x.shape[i]``, ``x.masked_fill(m, v)`` ``where(m, v, x)``,
+        ``x.contiguous()`` and ``x.clone()`` ``x`` (a graph value is laid out whole and
+        never changed in place), and ``x.chunk(2, dim=-1)`` and ``x.split(64, dim=-1)``
+        the parts of ``splits.py``."""
+        shown = f"{x.text if x.text.isidentifier() else f'({x.text})'}.{name}"
+        if name in ("chunk", "split"):
+            kind = "chunk" if name == "chunk" else "split.method"
+            return split_parts(self, kind, [x, *args], keywords, node.span, shown)
+        if name == "size" and not keywords and len(args) <= 1:
+            dims = x.value.type.dims
+            if not args:
+                return ShapeValue(dims)
+            axis = args[0].value
+            if not is_int(axis) or not -len(dims) <= axis.value < len(dims):
+                raise SemanticError(
+                    f"{shown}() takes an axis of a rank-{len(dims)} tensor", args[0].span
+                )
+            return DimValue(dims[axis.value])
+        if name == "masked_fill" and len(args) == 2 and not keywords:
+            return self.call_op(GRAPH_OPS["where"], [args[0], args[1], x], [], node.span, shown)
+        wanted = {"matmul": 1, "mm": 1, "size": 1, "masked_fill": 2}.get(name, 0)
+        if len(args) != wanted or keywords:
+            what = {0: "no arguments", 2: "a mask and a value"}.get(wanted, "one argument")
+            raise SemanticError(f"{shown}() takes {what}", node.span)
+        if name in ("contiguous", "clone"):
+            return x.value
+        if name in ("matmul", "mm"):
+            return self.call_op(GRAPH_OPS["matmul"], [x, args[0]], [], node.span, shown)
+        if name == "t":
+            if x.value.type.rank > 2:
+                raise SemanticError(
+                    f"{shown}() transposes a matrix (PyTorch's rule); {x.text} has rank "
+                    f"{x.value.type.rank}: write x.transpose(-2, -1) or x.mT",
+                    node.span,
+                )
+            return self.call_op(GRAPH_OPS["transpose"], [x], [], node.span, shown)
+        dtype = Ev(DTypeRef(DTYPES[_TORCH_METHODS[name]]), node.span, _TORCH_METHODS[name])
+        return self.call_op(GRAPH_OPS["cast"], [x, dtype], [], node.span, shown)
 
     def _append(self, node: ast.Call, cache: Value, args: list[Ev], keywords: list) -> Value:
         spec = OpSpec("append", (), lambda c: None, "graph")

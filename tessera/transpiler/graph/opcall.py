@@ -27,10 +27,13 @@ __all__ = ["SemanticError", "P", "OpSpec", "OpCall", "Emitter", "REQUIRED"]
 
 REQUIRED = object()
 
+#: PyTorch's names of the axis parameters, which its own functions take beside numpy's
+#: (``x.sum(dim=-1, keepdim=True)``): a call may use either.
+_ALIASES = {"dim": "axis", "keepdim": "keepdims"}
+
 #: Parameter names from NumPy and PyTorch, and what Tessera calls them.
 _SYNONYMS = {
-    "dim": "axis",
-    "keepdim": "keepdims",
+    **_ALIASES,
     "epsilon": "eps",
     "is_causal": "causal",
     "num_heads": "heads",
@@ -300,6 +303,8 @@ def bind(
     bound = {p.name: ev for p, ev in zip(slots, positional, strict=False)}
     known = {p.name for p in spec.params}
     for name, ev, key_span in keywords:
+        if name not in known and _ALIASES.get(name) in known:
+            name = _ALIASES[name]
         if name not in known:
             hint = did_you_mean(name, known)
             if not hint and _SYNONYMS.get(name) in known:

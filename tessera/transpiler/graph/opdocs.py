@@ -20,11 +20,12 @@ from .tile_ops import TILE_DIMS
 __all__ = ["render_ops_doc"]
 
 _OPERATORS = {
-    "add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**",
+    "add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%", "pow": "**",
     **{kind: symbol for symbol, kind in COMPARISONS.items()},
 }  # fmt: skip
-#: How the ops of masks are written.
-_WORDS = {"logical_and": "a and b", "logical_or": "a or b", "logical_not": "not x"}
+#: How the ops of masks are written: Python's words, and numpy's operators.
+_WORDS = {"logical_and": ("a and b", "a & b"), "logical_or": ("a or b", "a | b"),
+          "logical_not": ("not x", "~x"), "neg": ("-x",)}  # fmt: skip
 
 _INTRO = """\
 # Operations
@@ -57,8 +58,9 @@ last two axes swapped), `x.to(dtype)` and NumPy's `x.astype(dtype)` (a cast),
 `zeros`, `ones`, `full` and `arange` take a shape or bounds, not a tensor: each element
 is computed where a kernel reads it (its index), so a fill or a range costs no memory
 unless it is returned. `concat` and `stack` take a list or tuple of tensors
-(`concat([a, b], axis=-1)`). The ops whose axis is one of the array's take PyTorch's
-`dim=` for `axis=` (`squeeze`, `unsqueeze`, `expand_dims`, `concat`, `cat`, `stack`).
+(`concat([a, b], axis=-1)`). Every op takes PyTorch's `dim=` for `axis=` and
+`keepdim=` for `keepdims=`, as PyTorch's own functions take numpy's names too:
+`x.sum(dim=-1, keepdim=True)`. `pow(a, b)` and numpy's `power(a, b)` are `a ** b`.
 
 Shapes are written with symbolic dims: `[M, K]`. When two dims must be equal and are
 different names, or different numbers, it is an error; when one is a name and the other a
@@ -81,12 +83,35 @@ slice of them, and `B, S, E = x.shape` unpacks them as a tuple does |
 NumPy's reading of two axes is the same swap) |
 | `x.to(dtype)`, `x.astype(dtype)` | `cast(x, dtype)` (`tile.cast` for a tile), as in \
 PyTorch and Triton, and NumPy |
+| `x.float()`, `x.half()`, `x.bfloat16()`, `x.int()` | PyTorch's casts: to f32, f16, bf16 \
+and i32 |
+| `x.ndim` | the rank, a number |
+| `len(x)` | the first size of a tensor, as Python's `len` of an array (the count of a \
+shape, tuple or list) |
+| `amax`, `amin` (functions and methods) | `max` and `min`, as NumPy and PyTorch call them too |
+| `d ** 0.5`, `d * 0.5` of a size `d` | a float, as a Python int with a float is \
+(`q @ k.T / d ** 0.5`); a size with integers stays a size |
+| `x.t()` | a matrix's transpose (PyTorch's: a tensor of rank 3 or more is an error) |
+| `x.matmul(w)`, `x.mm(w)` | `x @ w` |
+| `split(x, 3, axis=-1)`, `split(x, [5, 9], axis=1)` | NumPy's `split`: a tuple of three \
+equal sections (a size that 3 does not divide is an error, or a guard where it is \
+symbolic), or of the parts between the indices given; each part a view, as a slice is |
+| `chunk(x, 2, dim=-1)`, `x.chunk(2, dim=-1)` | PyTorch's `chunk`: parts of `ceil(n / 2)` \
+elements, the last one smaller (`a, b = (x @ w).chunk(2, dim=-1)`, a gated MLP's halves); \
+a symbolic size must divide |
+| `x.split(64, dim=-1)`, `x.split([3, 5], dim=1)` | PyTorch's `Tensor.split`: parts of 64 \
+elements (of a size the compiler knows), or of the sizes listed, which add up to the axis |
 | `x[:, None]` | a new axis of size 1 (for broadcasting); `...` stands for the axes not named |
 | `x[:, a:b]` | elements `[a, b)` of a tensor's axis, on any axes of a tensor of two or more, \
 as in NumPy (a negative bound counts from the end; sizes may be bounds: `h[..., :F]`, \
 `k[:, :T]`, `h[:, :C // 2]`, `h[:, "C/2":]`, where a size's `//` is exact: a call whose `C` \
-is odd is refused, never rounded); a view that the kernels reading it read where it lies. A \
-step, and slices of a vector or a tile (`tile.split` does), are not supported |
+is odd is refused, never rounded); a view that the kernels reading it read where it lies. \
+A vector's slice is its one row's. A tile is not sliced (`tile.split` cuts one) |
+| `x[:, a:b:k]`, `x[:, ::2]`, `x[:, 1::2]` | every `k`-th element of `[a, b)`, from `a`, as in \
+NumPy (`k` a positive integer): the elements as `[n/k, k]` groups and one column of them, \
+views again. Where the count is symbolic it must be whole: `x[:, 1::2]` of an even `D` takes \
+`D/2`; of an odd `D` (NumPy's `(D - 1) / 2`), the call is refused, never rounded. A slice \
+of a slice is one view |
 | `x[:, i]` | element `i` along an axis, without the axis (`h[:, -1]`: the last position): the \
 slice `i:i+1`, copied, reshaped |
 | `cache.K`, `cache.V` | the key and value tensors of a `KVCache[B, H, S_max, D_h, dtype]` |
@@ -114,10 +139,8 @@ def render_ops_doc() -> str:
     anywhere = [s for s in GRAPH_OPS.values() if s.level == "any"]
     parts = [_INTRO, "## Arithmetic, comparisons and logic (graph functions and tile kernels)\n"]
     for spec in anywhere:
-        symbol = _OPERATORS.get(spec.name)
-        written = f"`a {symbol} b`" if symbol else "`-x`"
-        if spec.name in _WORDS:
-            written = f"`{_WORDS[spec.name]}`"
+        spellings = _WORDS.get(spec.name) or (f"a {_OPERATORS[spec.name]} b",)
+        written = ", ".join(f"`{text}`" for text in spellings)
         parts.append(f"### {written} ({spec.name})\n\n{spec.doc}\n")
     parts.append("## Graph operations\n")
     parts += [_entry(s) for s in graph]

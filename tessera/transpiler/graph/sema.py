@@ -77,6 +77,11 @@ from .values import (
 
 __all__ = ["analyze", "KERNEL_DECORATORS"]
 
+#: What a loop in a graph function may run over.
+_NOT_UNROLLED = (
+    "a loop in a graph function runs over range(...) or a tuple of values, known at compile "
+    "time, and is unrolled; a loop over blocks belongs in a tile kernel"
+)
 #: The most iterations a graph function's loop unrolls to: beyond, the program would be
 #: better written as one tensor operation than as that many copies of its body.
 _MOST_UNROLLED = 256
@@ -367,6 +372,10 @@ class _FunctionAnalyzer:
             Op(kind, tuple(operands), results, tuple(attrs), tuple(effects), span=span)
         )
         return results
+
+    def producer(self, value: Value) -> Op | None:
+        """The op of the current block that computed ``value``, if one did."""
+        return next((op for op in reversed(self.blocks[-1]) if value in op.results), None)
 
     def guard(self, kind: str, left: Dim, right: Dim, reason: str, span: Span) -> None:
         if left.constant is not None and right.constant is None and kind != "divisible":
@@ -1119,24 +1128,41 @@ class _FunctionAnalyzer:
             del self.with_attrs[-len(texts) :]
 
     def _unrolled(self, stmt: ast.For) -> None:
-        """``for i in range(LAYERS):`` in a graph function (or a tile kernel): the body
-        once per number, as a Python trace would run it (JAX's ``jit`` unrolls such a loop
-        too), with ``i`` a number known at compile time. A graph function is a dataflow: a
-        loop whose count only the call would know has no such unrolling, and is refused."""
+        """``for i in range(LAYERS):`` or ``for w in (w1, w2):`` in a graph function (or a
+        tile kernel): the body once per number or value, as a Python trace would run it
+        (JAX's ``jit`` unrolls such a loop too). A graph function is a dataflow: a loop
+        whose count only the call would know has no such unrolling, and is refused."""
         call = stmt.iter
-        if not (isinstance(call, ast.Call) and print_expr(call.func) == "range"):
+        callee = print_expr(call.func) if isinstance(call, ast.Call) else ""
+        if callee == "range":
+            items = self._range(call)
+        elif not callee.startswith("tile."):
+            items = self._items(stmt.iter)
+        else:
+            raise SemanticError(_NOT_UNROLLED, call.span)
+        if items is None:
+            return
+        if len(items) > _MOST_UNROLLED:
             raise SemanticError(
-                "a loop in a graph function runs over range(...) of numbers known at compile "
-                "time, and is unrolled; a loop over blocks belongs in a tile kernel",
+                f"a loop in a graph function is unrolled, and {len(items)} iterations are "
+                f"more than {_MOST_UNROLLED}: write the repeated work as one tensor operation",
                 stmt.iter.span,
             )
+        if not isinstance(stmt.target, ast.Name):
+            raise SemanticError("a loop binds one name", stmt.target.span)
+        for item in items:
+            self.env[stmt.target.id] = Const(item) if isinstance(item, int) else item
+            self._block(stmt.body)
+
+    def _range(self, call: ast.Call) -> range | None:
+        """The numbers of ``range(...)``; None where an argument had an error."""
         if call.keywords or not 1 <= len(call.args) <= 3:
             raise SemanticError("range takes one to three integers", call.span)
         bounds = []
         for arg in call.args:
             v = self.evaluator.eval(arg).value
             if isinstance(v, Poison):
-                return
+                return None
             if isinstance(v, DimValue) and v.dim.constant is not None:
                 v = Const(v.dim.constant)
             if not is_int(v):
@@ -1148,18 +1174,26 @@ class _FunctionAnalyzer:
             bounds.append(v.value)
         if len(bounds) == 3 and bounds[2] == 0:
             raise SemanticError("range's step cannot be zero", call.args[2].span)
-        numbers = range(*bounds)
-        if len(numbers) > _MOST_UNROLLED:
-            raise SemanticError(
-                f"a loop in a graph function is unrolled, and {len(numbers)} iterations are "
-                f"more than {_MOST_UNROLLED}: write the repeated work as one tensor operation",
-                call.span,
+        return range(*bounds)
+
+    def _items(self, iterable: ast.Expr) -> list | None:
+        """The items of a tuple or list a loop runs over: tensors (``(w1, w2)``), numbers,
+        sizes; None where it had an error."""
+        v = self.evaluator.eval(iterable).value
+        if isinstance(v, Poison):
+            return None
+        if isinstance(v, Const) and isinstance(v.value, (tuple, list)):
+            v = v.value
+        if not isinstance(v, (tuple, list)):
+            raise SemanticError(_NOT_UNROLLED, iterable.span)
+        return [
+            (
+                item
+                if isinstance(item, Value)
+                else DimValue(item) if isinstance(item, Dim) else Const(item)
             )
-        if not isinstance(stmt.target, ast.Name):
-            raise SemanticError("a loop binds one name", stmt.target.span)
-        for number in numbers:
-            self.env[stmt.target.id] = Const(number)
-            self._block(stmt.body)
+            for item in v
+        ]
 
     def _if(self, stmt: ast.If) -> None:
         test = self.evaluator.eval(stmt.test)

@@ -130,16 +130,6 @@ class _FunctionView:
             for n in (*launch.reads, *launch.writes)
         }
         read |= set(results)  # fmt: skip
-        for name, t in params:
-            # an input that no kernel reads (a gradient that does not need it, a scalar
-            # not used yet) keeps its place in the entry, unnamed
-            arg = param_name(c_name[name], name in read)
-            if isinstance(t, TensorType):
-                const = "" if name in results or written(program, name) else "const "
-                decls.append(f"{const}{C_TYPES[t.dtype.name]}* {arg}")
-            else:
-                decls.append(f"const {_scalar(t)} {arg}")
-        self.params = decls + [f"const tsr::i64 {sizes[d]}" for d in self.dims]
         body: list[str] = []
         for slot, size in sorted(slots.items()):
             body.append(
@@ -169,6 +159,19 @@ class _FunctionView:
             body[:0] = collectives.setup()
         self.collective = collectives is not None and bool(collectives.groups)
         used = names_used(body)
+        size_params = {sizes[d] for d in self.dims}
+        for name, t in params:
+            # an input that no kernel reads (a gradient that does not need it, a scalar
+            # not used yet) keeps its place in the entry, unnamed
+            # (an int that is a size, "n_head", is read by the launches and buffers too)
+            size = c_name[name] in used and c_name[name] not in size_params
+            arg = param_name(c_name[name], name in read or size)
+            if isinstance(t, TensorType):
+                const = "" if name in results or written(program, name) else "const "
+                decls.append(f"{const}{C_TYPES[t.dtype.name]}* {arg}")
+            else:
+                decls.append(f"const {_scalar(t)} {arg}")
+        self.params = decls + [f"const tsr::i64 {sizes[d]}" for d in self.dims]
         body += [f"static_cast<void>({d});" for d in sizes.values() if d not in used]
         self.body = body
         self.summary = ", ".join(f"{k.launch} -> {k.name}" for k in program.kernels)
