@@ -290,11 +290,10 @@ class Evaluator:
                 return Const(~v.value if bits else not v.value)
             if is_mask(v):
                 return self.call_op(GRAPH_OPS["logical_not"], [operand], [], node.span, node.op)
+            bits = f", not {describe(v)}: Tessera has no bitwise operations on tensors"
             raise SemanticError(
                 f"'{node.op}' needs a mask (a comparison of tensors) or a value known at compile "
-                "time"
-                + (f", not {describe(v)}: Tessera has no bitwise operations on tensors"
-                   if node.op == "~" else ""),  # fmt: skip
+                f"time{bits if node.op == '~' else ''}",
                 node.span,
             )
         if (
