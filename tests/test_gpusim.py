@@ -169,11 +169,15 @@ def test_a_producer_refilling_a_stage_whose_batch_still_runs_is_caught(
     """sm_90a's GEMM, its computing warpgroups freeing the stage of the batch they left
     running instead of the one before: the producer's next copy into it poisons the
     operands that batch has yet to read."""
-    release = "if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);"
+    release = (
+        "if (kb - 1 >= 0 && lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);"
+    )
 
     def early(code: str) -> str:
         assert release in code
-        return code.replace(release, "if (lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + kb % 4);")
+        return code.replace(
+            release, "if (lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + kb % 4);"
+        )
 
     mm = _function(GEMM, "cuda", "sm_90a", monkeypatch, edit=early)
     rng = np.random.default_rng(0)
@@ -190,7 +194,7 @@ def test_attention_freeing_a_stage_before_its_products_is_caught(
     have landed instead of after the products that read it: the producer's next copy
     into it poisons the keys and values they have yet to read."""
     wait = "tsr_mbarrier_wait(tsr_landed + (nblk) % 2, nblk / 2 % 2);"
-    release = "if (lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (nblk) % 2);"
+    release = "if (lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (nblk) % 2);"
 
     def early(code: str) -> str:
         assert wait in code and release in code

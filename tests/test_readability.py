@@ -124,20 +124,13 @@ def test_every_inlined_header_paragraph_is_used(path: Path) -> None:
 SIMT = [p for p in WRAPPED if "cpu" not in p.name]
 #: The SIMT files whose kernels still repeat numbers, and why: a size the source fixes
 #: (``decode.tsr``'s ``Tensor[256, 512, f32]``; ``quant_linear.tsr``'s tile kernels step
-#: ``tile.range_n(..., 64)`` and quantize in groups of 32), a ``wgmma`` kernel's 128-byte
-#: swizzle panels, descriptor strides and TMA boxes (sm_90a), and the launch ranges of a
-#: SYCL host function, which launches every kernel of its graph function.
+#: ``tile.range_n(..., 64)`` and quantize in groups of 32).
 _FIXED_SIZES = "sizes the source fixes"
-_SW128 = "sm_90a's swizzle panels, wgmma strides and TMA boxes"
-_SYCL_HOST = "the SYCL host function's launch ranges"
 _NUMBERED = {
     **{f"decode-{t}": _FIXED_SIZES for t in ("cuda-sm_80", "cuda-sm_90a", "hip-gfx90a",
                                               "opencl-generic", "sycl-generic")},
     **{f"quant_linear-{t}": _FIXED_SIZES for t in ("cuda-sm_80", "cuda-sm_90a", "hip-gfx90a",
                                                     "opencl-generic", "sycl-generic")},
-    **{f"{e}-cuda-sm_90a": _SW128 for e in ("attention", "mlp", "schedules")},
-    **{f"{e}-sycl-generic": _SYCL_HOST for e in ("decoder_block", "mlp", "schedules",
-                                                  "train_mlp")},
 }  # fmt: skip
 #: Where a CPU program writes a tile's extent: a loop bound, a row stride of a tile's
 #: element, the size of a fill or copy, a loaded tile's rows and columns.

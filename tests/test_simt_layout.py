@@ -16,7 +16,7 @@ import pytest
 
 from tessera.transpiler.graph.dims import Dim
 from tessera.transpiler.target.simt_layout import MFMA_32X32, MMA_16X8, FragmentShape, smem_index
-from tessera.transpiler.target.simt_tiles import SmemView, wgmma_start, wgmma_strides
+from tessera.transpiler.target.simt_tiles import SmemView, wgmma_leading, wgmma_start
 
 pytestmark = pytest.mark.unit
 
@@ -90,9 +90,15 @@ def test_row_slots_name_the_rows_and_the_lanes_of_a_row_exchange(
 SW128_BUFFERS = [(64, 64), (128, 64), (64, 128), (128, 128), (32, 256)]
 
 
+#: The names a kernel gives a buffer's rows and columns and a panel's row, as the
+#: swizzled indices below are printed with them.
+_NAMED = ("ROWS", "COLS")
+
+
 def _sw128_offset(rows: int, cols: int, slot: int, i: int, j: int) -> int:
     dims = (Dim.const(rows), Dim.const(cols))
-    return _eval(smem_index("sw128", dims, 16, str(slot), "i", "j"), i=i, j=j)
+    index = smem_index("sw128", dims, 16, str(slot), "i", "j", _NAMED, "8", "PANEL")
+    return _eval(index, i=i, j=j, ROWS=rows, COLS=cols, PANEL=64)
 
 
 @pytest.mark.parametrize(("rows", "cols"), SW128_BUFFERS)
@@ -125,13 +131,20 @@ def test_wgmma_descriptors_read_the_elements_the_copies_wrote(
     """Every step of 16 along k, from every 64th row of m (n), reads each element of
     the operand where ``smem_index`` stored it."""
     for slot in (0, 1):
-        view = SmemView("buf", rows, cols, 16, "bf16", "sw128", str(slot), transposed)
+        view = SmemView("buf", rows, cols, 16, "bf16", "sw128", str(slot), transposed,
+                        extents=_NAMED)  # fmt: skip
+        named = {"ROWS": rows, "COLS": cols, "PANEL": 64}
         k_major = view.k_major(role)
         mn_extent, k_extent = (rows, cols) if k_major else (cols, rows)
-        leading, stride = wgmma_strides(view, k_major)
+        # the header's steps: a K-major operand's leading one is its default, the stride
+        # eight 128-byte rows
+        leading_bytes = wgmma_leading(view, k_major, "PANEL")
+        leading = 16 if leading_bytes is None else _eval(leading_bytes, **named)
+        stride = 1024
         for kk in range(0, k_extent, 16):
             for mn0 in range(0, mn_extent, 64):
-                start = 2 * _eval(wgmma_start(view, k_major, "kk", "mn0"), kk=kk, mn0=mn0)
+                start = wgmma_start(view, k_major, "kk", "mn0", "PANEL")
+                start = 2 * _eval(start, kk=kk, mn0=mn0, **named)
                 for mn in range(min(64, mn_extent - mn0)):
                     for k in range(16):
                         i, j = (mn0 + mn, kk + k) if k_major else (kk + k, mn0 + mn)

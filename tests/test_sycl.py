@@ -73,7 +73,12 @@ def test_each_function_has_a_host_function_on_a_queue() -> None:
     assert "inline void decoder_block(\n    sycl::queue& queue, const float* x," in source
     # Each launch waits for the one before it, whatever the queue's order.
     assert source.count("cgh.depends_on(done);") == source.count("queue.submit(") == 10
-    assert "sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);" in source
+    # A launch's numbers are named once, in the function that submits it.
+    assert source.count("done = decoder_block_k") == 10
+    assert (
+        "sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);" in source
+    )
+    assert "const sycl::range<3> global(1, 1, THREADS * ((S + BM - 1) / BM));" in source
 
 
 def test_loading_says_to_build_with_a_sycl_compiler() -> None:

@@ -80,10 +80,14 @@ __device__ inline bool tsr_aligned16(const void* p) { return ((unsigned long lon
 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
 // operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
-// in bits 62-63). Addresses and offsets are in 16-byte units.
-__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes,
-    unsigned stride_bytes) {
+// in bits 62-63). Addresses and offsets are in 16-byte units. The stride step is eight
+// 128-byte rows of a panel (the swizzle's repeat) whichever way round the operand lies;
+// the leading step is an MN-major operand's next panel along m or n, and a K-major one
+// has none (its k steps stay within one row): it takes one unit.
+__device__ inline unsigned long long tsr_wgmma_desc(const void* start,
+    unsigned leading_bytes = 16) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(start);
+  const unsigned stride_bytes = 8 * 128;
   return (unsigned long long)((address >> 4) & 0x3fffu) |
          (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
          (unsigned long long)((stride_bytes >> 4) & 0x3fffu) << 32 | 1ull << 62;
@@ -289,8 +293,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
   constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
   constexpr int MMA_K = 16;
+  constexpr int WARPGROUP = 4*TSR_WARP_SIZE;
   constexpr int WGMMA_M = 64;
   constexpr int WGMMA_K = 16;
+  constexpr int PANEL = 64;
   constexpr int Q_TILE_BYTES = BM*BD*2;
   constexpr int K_TILE_BYTES = BN*BD*2;
   constexpr int V_TILE_BYTES = BN*BD*2;
@@ -313,9 +319,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_landed + 0, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 0, 2);
-    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_landed + 1, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 1, 2);
     tsr_fence_mbarrier_init();
   }
@@ -329,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       if (Q_aligned) {
         if (ptid == 0) {
           tsr_tma_load_4d(q_tile_smem, &Q_map, tsr_landed + 0, 0, BM*pid_m, pid_b1, pid_b0);
-          tsr_tma_load_4d(q_tile_smem + 8192, &Q_map, tsr_landed + 0, 64, BM*pid_m, pid_b1,
+          tsr_tma_load_4d(q_tile_smem + BM*PANEL, &Q_map, tsr_landed + 0, PANEL, BM*pid_m, pid_b1,
               pid_b0);
         }
       } else {
@@ -338,7 +344,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
           const long long i = e / BD;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BD;
-          q_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          q_tile_smem[j / PANEL * BM*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               row < S && j < D ? Q[((pid_b0 * H + pid_b1) * S + row) * D + j] : 0;
         }
         tsr_fence_async_shared();
@@ -347,14 +353,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       if (K_aligned) {
         if (ptid == 0) {
           tsr_tma_load_4d(k_tile_smem, &K_map, tsr_landed + 0, 0, 0, pid_b1, pid_b0);
-          tsr_tma_load_4d(k_tile_smem + 8192, &K_map, tsr_landed + 0, 64, 0, pid_b1, pid_b0);
+          tsr_tma_load_4d(k_tile_smem + BN*PANEL, &K_map, tsr_landed + 0, PANEL, 0, pid_b1,
+              pid_b0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
           const long long i = e / BD;
           const long long j = e - i * BD;
-          k_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          k_tile_smem[j / PANEL * BN*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               i < S && j < D ? K[((pid_b0 * H + pid_b1) * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
@@ -363,14 +370,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       if (V_aligned) {
         if (ptid == 0) {
           tsr_tma_load_4d(v_tile_smem, &V_map, tsr_landed + 0, 0, 0, pid_b1, pid_b0);
-          tsr_tma_load_4d(v_tile_smem + 8192, &V_map, tsr_landed + 0, 64, 0, pid_b1, pid_b0);
+          tsr_tma_load_4d(v_tile_smem + BN*PANEL, &V_map, tsr_landed + 0, PANEL, 0, pid_b1,
+              pid_b0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
           const long long i = e / BD;
           const long long j = e - i * BD;
-          v_tile_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          v_tile_smem[j / PANEL * BN*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               i < S && j < D ? V[((pid_b0 * H + pid_b1) * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
@@ -388,16 +396,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
           if (ptid == 0) {
             tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * BN*BD, &K_map,
                 tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b1, pid_b0);
-            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * BN*BD + 8192, &K_map,
-                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b1, pid_b0);
+            tsr_tma_load_4d(k_tile_smem + ((nblk + 1) % 2) * BN*BD + BN*PANEL, &K_map,
+                tsr_landed + (nblk + 1) % 2, PANEL, BN*nblk + BN, pid_b1, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
             const long long i = e / BD;
             const long long j = e - i * BD;
-            k_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64
-                + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+            k_tile_smem[((nblk + 1) % 2) * BN*BD + j / PANEL * BN*PANEL + i * PANEL
+                + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
                 BN*nblk + BN + i < S && j < D
                 ? K[((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j] : 0;
           }
@@ -408,16 +416,16 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
           if (ptid == 0) {
             tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * BN*BD, &V_map,
                 tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b1, pid_b0);
-            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * BN*BD + 8192, &V_map,
-                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b1, pid_b0);
+            tsr_tma_load_4d(v_tile_smem + ((nblk + 1) % 2) * BN*BD + BN*PANEL, &V_map,
+                tsr_landed + (nblk + 1) % 2, PANEL, BN*nblk + BN, pid_b1, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
             const long long i = e / BD;
             const long long j = e - i * BD;
-            v_tile_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64
-                + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+            v_tile_smem[((nblk + 1) % 2) * BN*BD + j / PANEL * BN*PANEL + i * PANEL
+                + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
                 BN*nblk + BN + i < S && j < D
                 ? V[((pid_b0 * H + pid_b1) * S + BN*nblk + BN + i) * D + j] : 0;
           }
@@ -462,9 +470,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       #pragma unroll
       for (int kk = 0; kk < BD; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
-            0>(dot, tsr_wgmma_desc(q_tile_smem + kk / 64 * 8192 + (wave / 4 * WGMMA_M) * 64
-            + kk % 64, 16, 1024), tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * 16384
-            + kk / 64 * 8192 + kk % 64, 16, 1024));
+            0>(dot, tsr_wgmma_desc(q_tile_smem + kk / PANEL * BM*PANEL
+            + (wave / 4 * WGMMA_M) * PANEL + kk % PANEL),
+            tsr_wgmma_desc(k_tile_smem + ((nblk) % 2) * BN*BD + kk / PANEL * BN*PANEL
+            + kk % PANEL));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
@@ -568,11 +577,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) attention(
       #pragma unroll
       for (int kk = 0; kk < BN; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_rs<1>(acc, p_frag[kk / MMA_K],
-            tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
+            tsr_wgmma_desc(v_tile_smem + ((nblk) % 2) * BN*BD + kk * PANEL, BN*PANEL*2));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
-      if (lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (nblk) % 2);
+      if (lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (nblk) % 2);
     }
     // flash_attention.tsr:26: return acc / l[:, None]
     #pragma unroll
@@ -621,8 +630,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
   constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
   constexpr int MMA_K = 16;
+  constexpr int WARPGROUP = 4*TSR_WARP_SIZE;
   constexpr int WGMMA_M = 64;
   constexpr int WGMMA_K = 16;
+  constexpr int PANEL = 64;
   constexpr int QB_BYTES = BM*BD*2;
   constexpr int KB_BYTES = BN*BD*2;
   constexpr int VB_BYTES = BN*BD*2;
@@ -643,9 +654,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_landed + 0, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 0, 2);
-    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_landed + 1, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 1, 2);
     tsr_fence_mbarrier_init();
   }
@@ -659,7 +670,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       if (q_1_aligned) {
         if (ptid == 0) {
           tsr_tma_load_3d(Qb_smem, &q_1_map, tsr_landed + 0, 0, BM*pid_m, pid_b0);
-          tsr_tma_load_3d(Qb_smem + 8192, &q_1_map, tsr_landed + 0, 64, BM*pid_m, pid_b0);
+          tsr_tma_load_3d(Qb_smem + BM*PANEL, &q_1_map, tsr_landed + 0, PANEL, BM*pid_m, pid_b0);
         }
       } else {
         #pragma unroll 1
@@ -667,7 +678,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
           const long long i = e / BD;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BD;
-          Qb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          Qb_smem[j / PANEL * BM*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               row < S && j < D ? q_1[(pid_b0 * S + row) * D + j] : 0;
         }
         tsr_fence_async_shared();
@@ -676,14 +687,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       if (k_aligned) {
         if (ptid == 0) {
           tsr_tma_load_3d(Kb_smem, &k_map, tsr_landed + 0, 0, 0, pid_b0);
-          tsr_tma_load_3d(Kb_smem + 8192, &k_map, tsr_landed + 0, 64, 0, pid_b0);
+          tsr_tma_load_3d(Kb_smem + BN*PANEL, &k_map, tsr_landed + 0, PANEL, 0, pid_b0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
           const long long i = e / BD;
           const long long j = e - i * BD;
-          Kb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          Kb_smem[j / PANEL * BN*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               i < S && j < D ? k[(pid_b0 * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
@@ -692,14 +703,14 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       if (v_aligned) {
         if (ptid == 0) {
           tsr_tma_load_3d(Vb_smem, &v_map, tsr_landed + 0, 0, 0, pid_b0);
-          tsr_tma_load_3d(Vb_smem + 8192, &v_map, tsr_landed + 0, 64, 0, pid_b0);
+          tsr_tma_load_3d(Vb_smem + BN*PANEL, &v_map, tsr_landed + 0, PANEL, 0, pid_b0);
         }
       } else {
         #pragma unroll 1
         for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
           const long long i = e / BD;
           const long long j = e - i * BD;
-          Vb_smem[j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          Vb_smem[j / PANEL * BN*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               i < S && j < D ? v[(pid_b0 * S + i) * D + j] : 0;
         }
         tsr_fence_async_shared();
@@ -717,17 +728,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
           if (ptid == 0) {
             tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * BN*BD, &k_map,
                 tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b0);
-            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * BN*BD + 8192, &k_map,
-                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b0);
+            tsr_tma_load_3d(Kb_smem + ((nblk + 1) % 2) * BN*BD + BN*PANEL, &k_map,
+                tsr_landed + (nblk + 1) % 2, PANEL, BN*nblk + BN, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
             const long long i = e / BD;
             const long long j = e - i * BD;
-            Kb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BN*nblk + BN + i < S && j < D
-                ? k[(pid_b0 * S + BN*nblk + BN + i) * D + j] : 0;
+            Kb_smem[((nblk + 1) % 2) * BN*BD + j / PANEL * BN*PANEL + i * PANEL
+                + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
+                BN*nblk + BN + i < S && j < D ? k[(pid_b0 * S + BN*nblk + BN + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -736,17 +747,17 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
           if (ptid == 0) {
             tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * BN*BD, &v_map,
                 tsr_landed + (nblk + 1) % 2, 0, BN*nblk + BN, pid_b0);
-            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * BN*BD + 8192, &v_map,
-                tsr_landed + (nblk + 1) % 2, 64, BN*nblk + BN, pid_b0);
+            tsr_tma_load_3d(Vb_smem + ((nblk + 1) % 2) * BN*BD + BN*PANEL, &v_map,
+                tsr_landed + (nblk + 1) % 2, PANEL, BN*nblk + BN, pid_b0);
           }
         } else {
           #pragma unroll 1
           for (long long e = ptid; e < BN*BD; e += PRODUCERS) {
             const long long i = e / BD;
             const long long j = e - i * BD;
-            Vb_smem[((nblk + 1) % 2) * 16384 + j / 64 * 8192 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BN*nblk + BN + i < S && j < D
-                ? v[(pid_b0 * S + BN*nblk + BN + i) * D + j] : 0;
+            Vb_smem[((nblk + 1) % 2) * BN*BD + j / PANEL * BN*PANEL + i * PANEL
+                + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
+                BN*nblk + BN + i < S && j < D ? v[(pid_b0 * S + BN*nblk + BN + i) * D + j] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -787,9 +798,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       #pragma unroll
       for (int kk = 0; kk < BD; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
-            0>(dot, tsr_wgmma_desc(Qb_smem + kk / 64 * 8192 + (wave / 4 * WGMMA_M) * 64 + kk % 64,
-            16, 1024), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * 16384 + kk / 64 * 8192 + kk % 64,
-            16, 1024));
+            0>(dot, tsr_wgmma_desc(Qb_smem + kk / PANEL * BM*PANEL + (wave / 4 * WGMMA_M) * PANEL
+            + kk % PANEL), tsr_wgmma_desc(Kb_smem + ((nblk) % 2) * BN*BD + kk / PANEL * BN*PANEL
+            + kk % PANEL));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
@@ -898,11 +909,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) flash_attention(
       #pragma unroll
       for (int kk = 0; kk < BN; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_rs<1>(acc, P_frag[kk / MMA_K],
-            tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * 16384 + kk * 64, 16384, 1024));
+            tsr_wgmma_desc(Vb_smem + ((nblk) % 2) * BN*BD + kk * PANEL, BN*PANEL*2));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<0>();
-      if (lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (nblk) % 2);
+      if (lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (nblk) % 2);
     }
     // attention.tsr:35: return tile.cast(acc / l[:, None], bf16)
     #pragma unroll

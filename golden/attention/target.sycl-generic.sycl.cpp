@@ -281,6 +281,33 @@ inline void attention_k0(const unsigned short* __restrict__ Q,
   }
 }
 
+// ---- attention_k0_submit: submits attention_k0 to `queue` after the event `done`
+inline sycl::event attention_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* Q, const unsigned short* K,
+    const unsigned short* V, unsigned short* out, const long long B, const long long H,
+    const long long S, const long long D) {
+  constexpr int BM = 32;
+  constexpr int THREADS = 128;
+  constexpr int P_STAGE_SIZE = 1056;
+  constexpr int ROWS_SIZE = 512;
+  constexpr int SMEM_CHUNKS = 1536;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    sycl::local_accessor<float, 1> tsr_rows(sycl::range<1>(ROWS_SIZE), cgh);
+    sycl::local_accessor<float, 1> p_stage(sycl::range<1>(P_STAGE_SIZE), cgh);
+    const sycl::range<3> global(H, B, THREADS * ((S + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      attention_k0(
+          Q, K, V, out, B, H, S, D, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get(),
+          tsr_rows.get_multi_ptr<sycl::access::decorated::no>().get(),
+          p_stage.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- flash_attention_k0: tile kernel flash_attention
 // grid [pid_m < ceil(S/BM), pid_b0 < BH], 128 threads per program
 inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
@@ -497,6 +524,33 @@ inline void flash_attention_k0(const unsigned short* __restrict__ q_1,
   }
 }
 
+// ---- flash_attention_k0_submit: submits flash_attention_k0 to `queue` after the event `done`
+inline sycl::event flash_attention_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* q_1,
+    const unsigned short* k, const unsigned short* v, const int causal, unsigned short* out,
+    const long long BH, const long long S, const long long D) {
+  constexpr int BM = 32;
+  constexpr int THREADS = 128;
+  constexpr int P_STAGE_SIZE = 1056;
+  constexpr int ROWS_SIZE = 512;
+  constexpr int SMEM_CHUNKS = 1536;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    sycl::local_accessor<float, 1> tsr_rows(sycl::range<1>(ROWS_SIZE), cgh);
+    sycl::local_accessor<float, 1> P_stage(sycl::range<1>(P_STAGE_SIZE), cgh);
+    const sycl::range<3> global(1, BH, THREADS * ((S + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      flash_attention_k0(
+          q_1, k, v, causal, out, BH, S, D, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get(),
+          tsr_rows.get_multi_ptr<sycl::access::decorated::no>().get(),
+          P_stage.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- attention: the host function of attention, on `queue`: tensors are USM
 // device pointers; it returns when every launch is done.
 inline void attention(
@@ -504,21 +558,7 @@ inline void attention(
     unsigned short* out, const long long B, const long long H, const long long S,
     const long long D) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1536), cgh);
-    sycl::local_accessor<float, 1> tsr_rows(sycl::range<1>(512), cgh);
-    sycl::local_accessor<float, 1> p_stage(sycl::range<1>(1056), cgh);
-    const sycl::range<3> global(H, B, 128 * ((S + 31) / 32));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      attention_k0(
-          Q, K, V, out, B, H, S, D, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get(),
-          tsr_rows.get_multi_ptr<sycl::access::decorated::no>().get(),
-          p_stage.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = attention_k0_submit(queue, done, Q, K, V, out, B, H, S, D);
   done.wait();
 }
 
@@ -529,20 +569,6 @@ inline void flash_attention(
     const int causal, unsigned short* out, const long long BH, const long long S,
     const long long D) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1536), cgh);
-    sycl::local_accessor<float, 1> tsr_rows(sycl::range<1>(512), cgh);
-    sycl::local_accessor<float, 1> P_stage(sycl::range<1>(1056), cgh);
-    const sycl::range<3> global(1, BH, 128 * ((S + 31) / 32));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      flash_attention_k0(
-          q, k, v, causal, out, BH, S, D, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get(),
-          tsr_rows.get_multi_ptr<sycl::access::decorated::no>().get(),
-          P_stage.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = flash_attention_k0_submit(queue, done, q, k, v, causal, out, BH, S, D);
   done.wait();
 }

@@ -140,6 +140,25 @@ inline void qkv_k0(const float* __restrict__ x, const float* __restrict__ norm_1
   }
 }
 
+// ---- qkv_k0_submit: submits qkv_k0 to `queue` after the event `done`
+inline sycl::event qkv_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, const float* norm_1, float* h,
+    const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      qkv_k0(
+          x, norm_1, h, B, T, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- qkv_k1: launch k1 of qkv: the library's gemm
 // grid [pid_n < ceil(256/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
@@ -224,6 +243,26 @@ inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
   }
 }
 
+// ---- qkv_k1_submit: submits qkv_k1 to `queue` after the event `done`
+inline sycl::event qkv_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wq, float* t0,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      qkv_k1(
+          h, wq, t0, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- qkv_k2: launch k2 of qkv: the library's rotary_embedding
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 inline void qkv_k2(const float* __restrict__ t0, const float* __restrict__ cos_1,
@@ -249,6 +288,22 @@ inline void qkv_k2(const float* __restrict__ t0, const float* __restrict__ cos_1
         + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
         * (cos_1[row * 32 + j - (32)]))));
   }
+}
+
+// ---- qkv_k2_submit: submits qkv_k2 to `queue` after the event `done`
+inline sycl::event qkv_k2_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t0, const float* cos_1,
+    const float* sin_1, float* out0, const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(4, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      qkv_k2(t0, cos_1, sin_1, out0, B, T, it);
+    });
+  });
 }
 
 // ---- qkv_k3: launch k3 of qkv: the library's gemm
@@ -335,6 +390,26 @@ inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
   }
 }
 
+// ---- qkv_k3_submit: submits qkv_k3 to `queue` after the event `done`
+inline sycl::event qkv_k3_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wk, float* t3,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (2));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      qkv_k3(
+          h, wk, t3, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- qkv_k4: launch k4 of qkv: the library's rotary_embedding
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void qkv_k4(const float* __restrict__ t3, const float* __restrict__ cos_1,
@@ -360,6 +435,22 @@ inline void qkv_k4(const float* __restrict__ t3, const float* __restrict__ cos_1
         + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
         * (cos_1[row * 32 + j - (32)]))));
   }
+}
+
+// ---- qkv_k4_submit: submits qkv_k4 to `queue` after the event `done`
+inline sycl::event qkv_k4_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t3, const float* cos_1,
+    const float* sin_1, float* out1, const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      qkv_k4(t3, cos_1, sin_1, out1, B, T, it);
+    });
+  });
 }
 
 // ---- qkv_k5: launch k5 of qkv: the library's gemm
@@ -446,6 +537,26 @@ inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
   }
 }
 
+// ---- qkv_k5_submit: submits qkv_k5 to `queue` after the event `done`
+inline sycl::event qkv_k5_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wv, float* t6,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (2));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      qkv_k5(
+          h, wv, t6, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- qkv_k6: launch k6 of qkv: the library's elementwise
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void qkv_k6(const float* __restrict__ t6, float* __restrict__ out2, const long long B,
@@ -464,6 +575,22 @@ inline void qkv_k6(const float* __restrict__ t6, float* __restrict__ out2, const
     if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
         (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
   }
+}
+
+// ---- qkv_k6_submit: submits qkv_k6 to `queue` after the event `done`
+inline sycl::event qkv_k6_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t6, float* out2, const long long B,
+    const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      qkv_k6(t6, out2, B, T, it);
+    });
+  });
 }
 
 // ---- project_k0: launch k0 of project: the library's rmsnorm
@@ -508,6 +635,25 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
         (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
+}
+
+// ---- project_k0_submit: submits project_k0 to `queue` after the event `done`
+inline sycl::event project_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, const float* norm_1, float* h,
+    const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_k0(
+          x, norm_1, h, B, T, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- project_k1: launch k1 of project: the library's gemm
@@ -594,6 +740,26 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
   }
 }
 
+// ---- project_k1_submit: submits project_k1 to `queue` after the event `done`
+inline sycl::event project_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wq, float* t0,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_k1(
+          h, wq, t0, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- project_k2: launch k2 of project: the library's rotary_embedding
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 inline void project_k2(const float* __restrict__ t0, const float* __restrict__ cos_1,
@@ -619,6 +785,22 @@ inline void project_k2(const float* __restrict__ t0, const float* __restrict__ c
         + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
         * (cos_1[row * 32 + j - (32)]))));
   }
+}
+
+// ---- project_k2_submit: submits project_k2 to `queue` after the event `done`
+inline sycl::event project_k2_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t0, const float* cos_1,
+    const float* sin_1, float* out, const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(4, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_k2(t0, cos_1, sin_1, out, B, T, it);
+    });
+  });
 }
 
 // ---- project_k3: launch k3 of project: the library's gemm
@@ -705,6 +887,26 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
   }
 }
 
+// ---- project_k3_submit: submits project_k3 to `queue` after the event `done`
+inline sycl::event project_k3_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wk, float* t3,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (2));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_k3(
+          h, wk, t3, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- project_k4: launch k4 of project: the library's rotary_embedding
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void project_k4(const float* __restrict__ t3, const float* __restrict__ cos_1,
@@ -730,6 +932,22 @@ inline void project_k4(const float* __restrict__ t3, const float* __restrict__ c
         + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
         * (cos_1[row * 32 + j - (32)]))));
   }
+}
+
+// ---- project_k4_submit: submits project_k4 to `queue` after the event `done`
+inline sycl::event project_k4_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t3, const float* cos_1,
+    const float* sin_1, float* k, const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_k4(t3, cos_1, sin_1, k, B, T, it);
+    });
+  });
 }
 
 // ---- project_k5: launch k5 of project: the library's gemm
@@ -816,6 +1034,26 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
   }
 }
 
+// ---- project_k5_submit: submits project_k5 to `queue` after the event `done`
+inline sycl::event project_k5_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wv, float* t6,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (2));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_k5(
+          h, wv, t6, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- project_k6: launch k6 of project: the library's elementwise
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void project_k6(const float* __restrict__ t6, float* __restrict__ v, const long long B,
@@ -834,6 +1072,22 @@ inline void project_k6(const float* __restrict__ t6, float* __restrict__ v, cons
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
         (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
   }
+}
+
+// ---- project_k6_submit: submits project_k6 to `queue` after the event `done`
+inline sycl::event project_k6_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t6, float* v, const long long B,
+    const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_k6(t6, v, B, T, it);
+    });
+  });
 }
 
 // ---- project_k7: launch k7 of project: the KV cache's append
@@ -865,6 +1119,22 @@ inline void project_k7(float* __restrict__ cache_k, float* __restrict__ cache_v,
   }
 }
 
+// ---- project_k7_submit: submits project_k7 to `queue` after the event `done`
+inline sycl::event project_k7_submit(
+    sycl::queue& queue, const sycl::event& done, float* cache_k, float* cache_v,
+    const long long* cache_lengths, const float* k, const float* v, const long long B,
+    const long long S, const long long T) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * (T));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_k7(cache_k, cache_v, cache_lengths, k, v, B, S, T, it);
+    });
+  });
+}
+
 // ---- project_k8: launch k8 of project: the KV cache's advance
 // grid [pid_m < B], 256 threads per program
 inline void project_k8(long long* __restrict__ cache_lengths, const long long B,
@@ -874,6 +1144,21 @@ inline void project_k8(long long* __restrict__ cache_lengths, const long long B,
   const long long pid_m = it.get_group(2);
   // decode.tsr:34: return q, cache.append(k, v)
   if (lid == 0) cache_lengths[pid_m] += T;
+}
+
+// ---- project_k8_submit: submits project_k8 to `queue` after the event `done`
+inline sycl::event project_k8_submit(
+    sycl::queue& queue, const sycl::event& done, long long* cache_lengths, const long long B,
+    const long long T) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * (B));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_k8(cache_lengths, B, T, it);
+    });
+  });
 }
 
 // ---- project_windowed_k0: launch k0 of project_windowed: the library's rmsnorm
@@ -918,6 +1203,25 @@ inline void project_windowed_k0(const float* __restrict__ x, const float* __rest
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
         (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
+}
+
+// ---- project_windowed_k0_submit: submits project_windowed_k0 to `queue` after the event `done`
+inline sycl::event project_windowed_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, const float* norm_1, float* h,
+    const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_windowed_k0(
+          x, norm_1, h, B, T, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- project_windowed_k1: launch k1 of project_windowed: the library's gemm
@@ -1004,6 +1308,26 @@ inline void project_windowed_k1(const float* __restrict__ h, const float* __rest
   }
 }
 
+// ---- project_windowed_k1_submit: submits project_windowed_k1 to `queue` after the event `done`
+inline sycl::event project_windowed_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wq, float* t0,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_windowed_k1(
+          h, wq, t0, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- project_windowed_k2: launch k2 of project_windowed: the library's rotary_embedding
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 inline void project_windowed_k2(const float* __restrict__ t0, const float* __restrict__ cos_1,
@@ -1029,6 +1353,22 @@ inline void project_windowed_k2(const float* __restrict__ t0, const float* __res
         + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
         * (cos_1[row * 32 + j - (32)]))));
   }
+}
+
+// ---- project_windowed_k2_submit: submits project_windowed_k2 to `queue` after the event `done`
+inline sycl::event project_windowed_k2_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t0, const float* cos_1,
+    const float* sin_1, float* out, const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(4, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_windowed_k2(t0, cos_1, sin_1, out, B, T, it);
+    });
+  });
 }
 
 // ---- project_windowed_k3: launch k3 of project_windowed: the library's gemm
@@ -1115,6 +1455,26 @@ inline void project_windowed_k3(const float* __restrict__ h, const float* __rest
   }
 }
 
+// ---- project_windowed_k3_submit: submits project_windowed_k3 to `queue` after the event `done`
+inline sycl::event project_windowed_k3_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wk, float* t3,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (2));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_windowed_k3(
+          h, wk, t3, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- project_windowed_k4: launch k4 of project_windowed: the library's rotary_embedding
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void project_windowed_k4(const float* __restrict__ t3, const float* __restrict__ cos_1,
@@ -1140,6 +1500,22 @@ inline void project_windowed_k4(const float* __restrict__ t3, const float* __res
         + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
         * (cos_1[row * 32 + j - (32)]))));
   }
+}
+
+// ---- project_windowed_k4_submit: submits project_windowed_k4 to `queue` after the event `done`
+inline sycl::event project_windowed_k4_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t3, const float* cos_1,
+    const float* sin_1, float* k, const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_windowed_k4(t3, cos_1, sin_1, k, B, T, it);
+    });
+  });
 }
 
 // ---- project_windowed_k5: launch k5 of project_windowed: the library's gemm
@@ -1226,6 +1602,26 @@ inline void project_windowed_k5(const float* __restrict__ h, const float* __rest
   }
 }
 
+// ---- project_windowed_k5_submit: submits project_windowed_k5 to `queue` after the event `done`
+inline sycl::event project_windowed_k5_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wv, float* t6,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (2));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_windowed_k5(
+          h, wv, t6, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- project_windowed_k6: launch k6 of project_windowed: the library's elementwise
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void project_windowed_k6(const float* __restrict__ t6, float* __restrict__ v,
@@ -1244,6 +1640,22 @@ inline void project_windowed_k6(const float* __restrict__ t6, float* __restrict_
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
         (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
   }
+}
+
+// ---- project_windowed_k6_submit: submits project_windowed_k6 to `queue` after the event `done`
+inline sycl::event project_windowed_k6_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t6, float* v, const long long B,
+    const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_windowed_k6(t6, v, B, T, it);
+    });
+  });
 }
 
 // ---- project_windowed_k7: launch k7 of project_windowed: the KV cache's append
@@ -1275,6 +1687,22 @@ inline void project_windowed_k7(float* __restrict__ cache_k, float* __restrict__
   }
 }
 
+// ---- project_windowed_k7_submit: submits project_windowed_k7 to `queue` after the event `done`
+inline sycl::event project_windowed_k7_submit(
+    sycl::queue& queue, const sycl::event& done, float* cache_k, float* cache_v,
+    const long long* cache_lengths, const float* k, const float* v, const long long B,
+    const long long S, const long long T) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * (T));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_windowed_k7(cache_k, cache_v, cache_lengths, k, v, B, S, T, it);
+    });
+  });
+}
+
 // ---- project_windowed_k8: launch k8 of project_windowed: the KV cache's advance
 // grid [pid_m < B], 256 threads per program
 inline void project_windowed_k8(long long* __restrict__ cache_lengths, const long long B,
@@ -1284,6 +1712,21 @@ inline void project_windowed_k8(long long* __restrict__ cache_lengths, const lon
   const long long pid_m = it.get_group(2);
   // decode.tsr:45: return q, cache.append(k, v)
   if (lid == 0) cache_lengths[pid_m] += T;
+}
+
+// ---- project_windowed_k8_submit: submits project_windowed_k8 to `queue` after the event `done`
+inline sycl::event project_windowed_k8_submit(
+    sycl::queue& queue, const sycl::event& done, long long* cache_lengths, const long long B,
+    const long long T) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * (B));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      project_windowed_k8(cache_lengths, B, T, it);
+    });
+  });
 }
 
 // ---- finish_k0: launch k0 of finish: the library's elementwise
@@ -1304,6 +1747,21 @@ inline void finish_k0(const float* __restrict__ o, float* __restrict__ t0, const
     t0[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
         (o[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
   }
+}
+
+// ---- finish_k0_submit: submits finish_k0 to `queue` after the event `done`
+inline sycl::event finish_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* o, float* t0, const long long B,
+    const long long T) {
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(T, B, THREADS);
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      finish_k0(o, t0, B, T, it);
+    });
+  });
 }
 
 // ---- finish_k1: launch k1 of finish: the library's gemm
@@ -1392,6 +1850,26 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
   }
 }
 
+// ---- finish_k1_submit: submits finish_k1 to `queue` after the event `done`
+inline sycl::event finish_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t0, const float* wo, const float* x,
+    float* x_1, const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      finish_k1(
+          t0, wo, x, x_1, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- finish_k2: launch k2 of finish: the library's rmsnorm
 // grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ norm_1,
@@ -1434,6 +1912,26 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
         (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
+}
+
+// ---- finish_k2_submit: submits finish_k2 to `queue` after the event `done`
+inline sycl::event finish_k2_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x_1, const float* norm_1, float* h,
+    const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      finish_k2(
+          x_1, norm_1, h, B, T, it,
+              tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- finish_k3: launch k3 of finish: the library's gemm
@@ -1522,6 +2020,26 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
   }
 }
 
+// ---- finish_k3_submit: submits finish_k3 to `queue` after the event `done`
+inline sycl::event finish_k3_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wg, float* t4,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (8));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      finish_k3(
+          h, wg, t4, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- finish_k4: launch k4 of finish: the library's gemm
 // grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
@@ -1606,6 +2124,26 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
           ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
     }
   }
+}
+
+// ---- finish_k4_submit: submits finish_k4 to `queue` after the event `done`
+inline sycl::event finish_k4_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wu, const float* t4,
+    float* t6, const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (8));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      finish_k4(
+          h, wu, t4, t6, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- finish_k5: launch k5 of finish: the library's gemm
@@ -1694,6 +2232,26 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
   }
 }
 
+// ---- finish_k5_submit: submits finish_k5 to `queue` after the event `done`
+inline sycl::event finish_k5_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t6, const float* wd,
+    const float* x_1, float* out, const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      finish_k5(
+          t6, wd, x_1, out, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- qkv: the host function of qkv, on `queue`: tensors are USM
 // device pointers; it returns when every launch is done.
 inline void qkv(
@@ -1705,73 +2263,13 @@ inline void qkv(
   float* const t3 = static_cast<float*>(sycl::malloc_device(512*B*T, queue));
   float* const t6 = static_cast<float*>(sycl::malloc_device(512*B*T, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      qkv_k0(
-          x, norm_1, h, B, T, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      qkv_k1(
-          h, wq, t0, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(4, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      qkv_k2(t0, cos_1, sin_1, out0, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((128 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      qkv_k3(
-          h, wk, t3, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      qkv_k4(t3, cos_1, sin_1, out1, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((128 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      qkv_k5(
-          h, wv, t6, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      qkv_k6(t6, out2, B, T, it);
-    });
-  });
+  done = qkv_k0_submit(queue, done, x, norm_1, h, B, T);
+  done = qkv_k1_submit(queue, done, h, wq, t0, B, T);
+  done = qkv_k2_submit(queue, done, t0, cos_1, sin_1, out0, B, T);
+  done = qkv_k3_submit(queue, done, h, wk, t3, B, T);
+  done = qkv_k4_submit(queue, done, t3, cos_1, sin_1, out1, B, T);
+  done = qkv_k5_submit(queue, done, h, wv, t6, B, T);
+  done = qkv_k6_submit(queue, done, t6, out2, B, T);
   done.wait();
   sycl::free(h, queue);
   sycl::free(t0, queue);
@@ -1793,89 +2291,15 @@ inline void project(
   float* const t6 = static_cast<float*>(sycl::malloc_device(512*B*T, queue));
   float* const v = static_cast<float*>(sycl::malloc_device(512*B*T, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_k0(
-          x, norm_1, h, B, T, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_k1(
-          h, wq, t0, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(4, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_k2(t0, cos_1, sin_1, out, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((128 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_k3(
-          h, wk, t3, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_k4(t3, cos_1, sin_1, k, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((128 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_k5(
-          h, wv, t6, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_k6(t6, v, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 256 * (T));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_k7(cache_k, cache_v, cache_lengths, k, v, B, S, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 256 * (B));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_k8(cache_lengths, B, T, it);
-    });
-  });
+  done = project_k0_submit(queue, done, x, norm_1, h, B, T);
+  done = project_k1_submit(queue, done, h, wq, t0, B, T);
+  done = project_k2_submit(queue, done, t0, cos_1, sin_1, out, B, T);
+  done = project_k3_submit(queue, done, h, wk, t3, B, T);
+  done = project_k4_submit(queue, done, t3, cos_1, sin_1, k, B, T);
+  done = project_k5_submit(queue, done, h, wv, t6, B, T);
+  done = project_k6_submit(queue, done, t6, v, B, T);
+  done = project_k7_submit(queue, done, cache_k, cache_v, cache_lengths, k, v, B, S, T);
+  done = project_k8_submit(queue, done, cache_lengths, B, T);
   done.wait();
   sycl::free(h, queue);
   sycl::free(t0, queue);
@@ -1899,89 +2323,15 @@ inline void project_windowed(
   float* const t6 = static_cast<float*>(sycl::malloc_device(512*B*T, queue));
   float* const v = static_cast<float*>(sycl::malloc_device(512*B*T, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_windowed_k0(
-          x, norm_1, h, B, T, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_windowed_k1(
-          h, wq, t0, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(4, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_windowed_k2(t0, cos_1, sin_1, out, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((128 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_windowed_k3(
-          h, wk, t3, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_windowed_k4(t3, cos_1, sin_1, k, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((128 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_windowed_k5(
-          h, wv, t6, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_windowed_k6(t6, v, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 256 * (T));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_windowed_k7(cache_k, cache_v, cache_lengths, k, v, B, S, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 256 * (B));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      project_windowed_k8(cache_lengths, B, T, it);
-    });
-  });
+  done = project_windowed_k0_submit(queue, done, x, norm_1, h, B, T);
+  done = project_windowed_k1_submit(queue, done, h, wq, t0, B, T);
+  done = project_windowed_k2_submit(queue, done, t0, cos_1, sin_1, out, B, T);
+  done = project_windowed_k3_submit(queue, done, h, wk, t3, B, T);
+  done = project_windowed_k4_submit(queue, done, t3, cos_1, sin_1, k, B, T);
+  done = project_windowed_k5_submit(queue, done, h, wv, t6, B, T);
+  done = project_windowed_k6_submit(queue, done, t6, v, B, T);
+  done = project_windowed_k7_submit(queue, done, cache_k, cache_v, cache_lengths, k, v, B, S, T);
+  done = project_windowed_k8_submit(queue, done, cache_lengths, B, T);
   done.wait();
   sycl::free(h, queue);
   sycl::free(t0, queue);
@@ -2003,69 +2353,12 @@ inline void finish(
   float* const t4 = static_cast<float*>(sycl::malloc_device(2048*B*T, queue));
   float* const t6 = static_cast<float*>(sycl::malloc_device(2048*B*T, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(T, B, 128 * ((4 + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      finish_k0(o, t0, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      finish_k1(
-          t0, wo, x, x_1, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      finish_k2(
-          x_1, norm_1, h, B, T, it,
-              tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((512 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      finish_k3(
-          h, wg, t4, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((512 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      finish_k4(
-          h, wu, t4, t6, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      finish_k5(
-          t6, wd, x_1, out, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = finish_k0_submit(queue, done, o, t0, B, T);
+  done = finish_k1_submit(queue, done, t0, wo, x, x_1, B, T);
+  done = finish_k2_submit(queue, done, x_1, norm_1, h, B, T);
+  done = finish_k3_submit(queue, done, h, wg, t4, B, T);
+  done = finish_k4_submit(queue, done, h, wu, t4, t6, B, T);
+  done = finish_k5_submit(queue, done, t6, wd, x_1, out, B, T);
   done.wait();
   sycl::free(t0, queue);
   sycl::free(x_1, queue);

@@ -121,6 +121,25 @@ inline void decoder_block_k0(const float* __restrict__ x, const float* __restric
   }
 }
 
+// ---- decoder_block_k0_submit: submits decoder_block_k0 to `queue` after the event `done`
+inline sycl::event decoder_block_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, const float* norm1, float* h,
+    const long long S, const long long C) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((S + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      decoder_block_k0(
+          x, norm1, h, S, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- decoder_block_k1: launch k1 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 128 threads per program
 inline void decoder_block_k1(const float* __restrict__ h, const float* __restrict__ wq,
@@ -202,6 +221,27 @@ inline void decoder_block_k1(const float* __restrict__ h, const float* __restric
       if (BM*pid_m + i < S && BN*pid_n + j < C) t0[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
+}
+
+// ---- decoder_block_k1_submit: submits decoder_block_k1 to `queue` after the event `done`
+inline sycl::event decoder_block_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wq, float* t0,
+    const long long S, const long long C) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (S + BM - 1) / BM, THREADS * ((C + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      decoder_block_k1(
+          h, wq, t0, S, C, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- decoder_block_k2: launch k2 of decoder_block: the library's gemm
@@ -287,6 +327,27 @@ inline void decoder_block_k2(const float* __restrict__ h, const float* __restric
   }
 }
 
+// ---- decoder_block_k2_submit: submits decoder_block_k2 to `queue` after the event `done`
+inline sycl::event decoder_block_k2_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wk, float* t2,
+    const long long S, const long long C) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (S + BM - 1) / BM, THREADS * ((C + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      decoder_block_k2(
+          h, wk, t2, S, C, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- decoder_block_k3: launch k3 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 128 threads per program
 inline void decoder_block_k3(const float* __restrict__ h, const float* __restrict__ wv,
@@ -368,6 +429,27 @@ inline void decoder_block_k3(const float* __restrict__ h, const float* __restric
       if (BM*pid_m + i < S && BN*pid_n + j < C) t4[(BM*pid_m + i) * C + BN*pid_n + j] = acc[t];
     }
   }
+}
+
+// ---- decoder_block_k3_submit: submits decoder_block_k3 to `queue` after the event `done`
+inline sycl::event decoder_block_k3_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wv, float* t4,
+    const long long S, const long long C) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (S + BM - 1) / BM, THREADS * ((C + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      decoder_block_k3(
+          h, wv, t4, S, C, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- decoder_block_k4: launch k4 of decoder_block: the library's flash_attention
@@ -572,6 +654,32 @@ inline void decoder_block_k4(const float* __restrict__ t0, const float* __restri
   }
 }
 
+// ---- decoder_block_k4_submit: submits decoder_block_k4 to `queue` after the event `done`
+inline sycl::event decoder_block_k4_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t0, const float* t2, const float* t4,
+    float* t6, const long long S, const long long C) {
+  constexpr int BM = 32;
+  constexpr int THREADS = 128;
+  constexpr int P_STAGE_SIZE = 1056;
+  constexpr int ROWS_SIZE = 512;
+  constexpr int SMEM_CHUNKS = 1536;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    sycl::local_accessor<float, 1> tsr_rows(sycl::range<1>(ROWS_SIZE), cgh);
+    sycl::local_accessor<float, 1> p_stage(sycl::range<1>(P_STAGE_SIZE), cgh);
+    const sycl::range<3> global(1, (C)/64, THREADS * ((S + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      decoder_block_k4(
+          t0, t2, t4, t6, S, C, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get(),
+          tsr_rows.get_multi_ptr<sycl::access::decorated::no>().get(),
+          p_stage.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- decoder_block_k5: launch k5 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 128 threads per program
 inline void decoder_block_k5(const float* __restrict__ t6, const float* __restrict__ wo,
@@ -658,6 +766,27 @@ inline void decoder_block_k5(const float* __restrict__ t6, const float* __restri
   }
 }
 
+// ---- decoder_block_k5_submit: submits decoder_block_k5 to `queue` after the event `done`
+inline sycl::event decoder_block_k5_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t6, const float* wo, const float* x,
+    float* x_1, const long long S, const long long C) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (S + BM - 1) / BM, THREADS * ((C + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      decoder_block_k5(
+          t6, wo, x, x_1, S, C, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- decoder_block_k6: launch k6 of decoder_block: the library's rmsnorm
 // grid [pid_m < ceil(S/BM)], 128 threads per program
 inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restrict__ norm2,
@@ -699,6 +828,26 @@ inline void decoder_block_k6(const float* __restrict__ x_1, const float* __restr
           (((x_1[row * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
     }
   }
+}
+
+// ---- decoder_block_k6_submit: submits decoder_block_k6 to `queue` after the event `done`
+inline sycl::event decoder_block_k6_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x_1, const float* norm2, float* h_1,
+    const long long S, const long long C) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((S + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      decoder_block_k6(
+          x_1, norm2, h_1, S, C, it,
+          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- decoder_block_k7: launch k7 of decoder_block: the library's gemm
@@ -784,6 +933,27 @@ inline void decoder_block_k7(const float* __restrict__ h_1, const float* __restr
           t10[(BM*pid_m + i) * F + BN*pid_n + j] = (tsr_silu(acc[t]));
     }
   }
+}
+
+// ---- decoder_block_k7_submit: submits decoder_block_k7 to `queue` after the event `done`
+inline sycl::event decoder_block_k7_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h_1, const float* w1, float* t10,
+    const long long S, const long long C, const long long F) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (S + BM - 1) / BM, THREADS * ((F + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      decoder_block_k7(
+          h_1, w1, t10, S, C, F, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- decoder_block_k8: launch k8 of decoder_block: the library's gemm
@@ -872,6 +1042,27 @@ inline void decoder_block_k8(const float* __restrict__ h_1, const float* __restr
   }
 }
 
+// ---- decoder_block_k8_submit: submits decoder_block_k8 to `queue` after the event `done`
+inline sycl::event decoder_block_k8_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h_1, const float* w3,
+    const float* t10, float* t12, const long long S, const long long C, const long long F) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (S + BM - 1) / BM, THREADS * ((F + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      decoder_block_k8(
+          h_1, w3, t10, t12, S, C, F, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- decoder_block_k9: launch k9 of decoder_block: the library's gemm
 // grid [pid_n < ceil(C/BN), pid_m < ceil(S/BM)], 128 threads per program
 inline void decoder_block_k9(const float* __restrict__ t12, const float* __restrict__ w2,
@@ -958,6 +1149,27 @@ inline void decoder_block_k9(const float* __restrict__ t12, const float* __restr
   }
 }
 
+// ---- decoder_block_k9_submit: submits decoder_block_k9 to `queue` after the event `done`
+inline sycl::event decoder_block_k9_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t12, const float* w2,
+    const float* x_1, float* out, const long long S, const long long F, const long long C) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (S + BM - 1) / BM, THREADS * ((C + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      decoder_block_k9(
+          t12, w2, x_1, out, S, F, C, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- decoder_block: the host function of decoder_block, on `queue`: tensors are USM
 // device pointers; it returns when every launch is done.
 inline void decoder_block(
@@ -974,119 +1186,16 @@ inline void decoder_block(
   float* const t10 = static_cast<float*>(sycl::malloc_device(4*F*S, queue));
   float* const t12 = static_cast<float*>(sycl::malloc_device(4*F*S, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((S + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      decoder_block_k0(
-          x, norm1, h, S, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (S + 63) / 64, 128 * ((C + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      decoder_block_k1(
-          h, wq, t0, S, C, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (S + 63) / 64, 128 * ((C + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      decoder_block_k2(
-          h, wk, t2, S, C, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (S + 63) / 64, 128 * ((C + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      decoder_block_k3(
-          h, wv, t4, S, C, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1536), cgh);
-    sycl::local_accessor<float, 1> tsr_rows(sycl::range<1>(512), cgh);
-    sycl::local_accessor<float, 1> p_stage(sycl::range<1>(1056), cgh);
-    const sycl::range<3> global(1, (C)/64, 128 * ((S + 31) / 32));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      decoder_block_k4(
-          t0, t2, t4, t6, S, C, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get(),
-          tsr_rows.get_multi_ptr<sycl::access::decorated::no>().get(),
-          p_stage.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (S + 63) / 64, 128 * ((C + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      decoder_block_k5(
-          t6, wo, x, x_1, S, C, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((S + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      decoder_block_k6(
-          x_1, norm2, h_1, S, C, it,
-          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (S + 63) / 64, 128 * ((F + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      decoder_block_k7(
-          h_1, w1, t10, S, C, F, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (S + 63) / 64, 128 * ((F + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      decoder_block_k8(
-          h_1, w3, t10, t12, S, C, F, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (S + 63) / 64, 128 * ((C + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      decoder_block_k9(
-          t12, w2, x_1, out, S, F, C, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = decoder_block_k0_submit(queue, done, x, norm1, h, S, C);
+  done = decoder_block_k1_submit(queue, done, h, wq, t0, S, C);
+  done = decoder_block_k2_submit(queue, done, h, wk, t2, S, C);
+  done = decoder_block_k3_submit(queue, done, h, wv, t4, S, C);
+  done = decoder_block_k4_submit(queue, done, t0, t2, t4, t6, S, C);
+  done = decoder_block_k5_submit(queue, done, t6, wo, x, x_1, S, C);
+  done = decoder_block_k6_submit(queue, done, x_1, norm2, h_1, S, C);
+  done = decoder_block_k7_submit(queue, done, h_1, w1, t10, S, C, F);
+  done = decoder_block_k8_submit(queue, done, h_1, w3, t10, t12, S, C, F);
+  done = decoder_block_k9_submit(queue, done, t12, w2, x_1, out, S, F, C);
   done.wait();
   sycl::free(h, queue);
   sycl::free(t0, queue);

@@ -88,10 +88,14 @@ __device__ inline bool tsr_aligned16(const void* p) { return ((unsigned long lon
 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
 // operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
-// in bits 62-63). Addresses and offsets are in 16-byte units.
-__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes,
-    unsigned stride_bytes) {
+// in bits 62-63). Addresses and offsets are in 16-byte units. The stride step is eight
+// 128-byte rows of a panel (the swizzle's repeat) whichever way round the operand lies;
+// the leading step is an MN-major operand's next panel along m or n, and a K-major one
+// has none (its k steps stay within one row): it takes one unit.
+__device__ inline unsigned long long tsr_wgmma_desc(const void* start,
+    unsigned leading_bytes = 16) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(start);
+  const unsigned stride_bytes = 8 * 128;
   return (unsigned long long)((address >> 4) & 0x3fffu) |
          (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
          (unsigned long long)((stride_bytes >> 4) & 0x3fffu) << 32 | 1ull << 62;
@@ -320,8 +324,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
   constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
   constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
+  constexpr int WARPGROUP = 4*TSR_WARP_SIZE;
   constexpr int WGMMA_M = 64;
   constexpr int WGMMA_K = 16;
+  constexpr int PANEL = 64;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -339,13 +345,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_landed + 0, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 0, 2);
-    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_landed + 1, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 1, 2);
-    tsr_mbarrier_init(tsr_landed + 2, 128);
+    tsr_mbarrier_init(tsr_landed + 2, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 2, 2);
-    tsr_mbarrier_init(tsr_landed + 3, 128);
+    tsr_mbarrier_init(tsr_landed + 3, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 3, 2);
     tsr_fence_mbarrier_init();
   }
@@ -366,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+          a_tile_smem[i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
               row < M && j < K ? A[row * K + j] : 0;
         }
         tsr_fence_async_shared();
@@ -375,9 +381,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
       if (B_aligned) {
         if (ptid == 0) {
           tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, BN*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, BN*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &B_map, tsr_landed + 0, BN*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &B_map, tsr_landed + 0, BN*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem + BK*PANEL, &B_map, tsr_landed + 0, BN*pid_n + PANEL, 0);
+          tsr_tma_load_2d(b_tile_smem + 2*BK*PANEL, &B_map, tsr_landed + 0, BN*pid_n + 2*PANEL, 0);
+          tsr_tma_load_2d(b_tile_smem + 3*BK*PANEL, &B_map, tsr_landed + 0, BN*pid_n + 3*PANEL, 0);
         }
       } else {
         #pragma unroll 1
@@ -385,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          b_tile_smem[j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               i < K && col < N ? B[i * N + col] : 0;
         }
         tsr_fence_async_shared();
@@ -397,7 +403,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (A_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + BM*BK, &A_map, tsr_landed + 1, 64, BM*pid_m);
+          tsr_tma_load_2d(a_tile_smem + BM*BK, &A_map, tsr_landed + 1, BK, BM*pid_m);
         }
       } else {
         #pragma unroll 1
@@ -405,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+          a_tile_smem[1 * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
               row < M && BK + j < K ? A[row * K + BK + j] : 0;
         }
         tsr_fence_async_shared();
@@ -413,10 +419,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (B_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + BK*BN, &B_map, tsr_landed + 1, BN*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 4096, &B_map, tsr_landed + 1, BN*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 8192, &B_map, tsr_landed + 1, BN*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 12288, &B_map, tsr_landed + 1, BN*pid_n + 192, 64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN, &B_map, tsr_landed + 1, BN*pid_n, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + BK*PANEL, &B_map, tsr_landed + 1,
+              BN*pid_n + PANEL, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 2*BK*PANEL, &B_map, tsr_landed + 1,
+              BN*pid_n + 2*PANEL, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 3*BK*PANEL, &B_map, tsr_landed + 1,
+              BN*pid_n + 3*PANEL, BK);
         }
       } else {
         #pragma unroll 1
@@ -424,8 +433,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              BK + i < K && col < N ? B[(BK + i) * N + col] : 0;
+          b_tile_smem[1 * BK*BN + j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8
+              + j % 8] = BK + i < K && col < N ? B[(BK + i) * N + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -447,7 +456,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+            a_tile_smem[((kb + 2) % 4) * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
                 row < M && BK*kb + 2*BK + j < K ? A[row * K + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
@@ -457,12 +466,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &B_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &B_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &B_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &B_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + BK*PANEL, &B_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + PANEL, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 2*BK*PANEL, &B_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 2*PANEL, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 3*BK*PANEL, &B_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 3*PANEL, BK*kb + 2*BK);
           }
         } else {
           #pragma unroll 1
@@ -470,8 +479,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
             const long long i = e / BN;
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 2*BK + i < K && col < N ? B[(BK*kb + 2*BK + i) * N + col] : 0;
+            b_tile_smem[((kb + 2) % 4) * BK*BN + j / PANEL * BK*PANEL + i * PANEL
+                + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
+                BK*kb + 2*BK + i < K && col < N ? B[(BK*kb + 2*BK + i) * N + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -498,13 +508,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_gelu(
       #pragma unroll
       for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
-            + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
-            1024));
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * BM*BK + (wave / 4 * WGMMA_M) * PANEL
+            + kk % PANEL), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * BK*BN + kk * PANEL,
+            BK*PANEL*2));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
-      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+      if (kb - 1 >= 0 && lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();
@@ -552,8 +562,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
   constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
+  constexpr int WARPGROUP = 4*TSR_WARP_SIZE;
   constexpr int WGMMA_M = 64;
   constexpr int WGMMA_K = 16;
+  constexpr int PANEL = 64;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -571,13 +583,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_landed + 0, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 0, 2);
-    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_landed + 1, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 1, 2);
-    tsr_mbarrier_init(tsr_landed + 2, 128);
+    tsr_mbarrier_init(tsr_landed + 2, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 2, 2);
-    tsr_mbarrier_init(tsr_landed + 3, 128);
+    tsr_mbarrier_init(tsr_landed + 3, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 3, 2);
     tsr_fence_mbarrier_init();
   }
@@ -598,7 +610,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+          a_tile_smem[i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
               row < T && j < D ? x[row * D + j] : 0;
         }
         tsr_fence_async_shared();
@@ -607,9 +619,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       if (W_in_aligned) {
         if (ptid == 0) {
           tsr_tma_load_2d(b_tile_smem, &W_in_map, tsr_landed + 0, BN*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &W_in_map, tsr_landed + 0, BN*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &W_in_map, tsr_landed + 0, BN*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &W_in_map, tsr_landed + 0, BN*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem + BK*PANEL, &W_in_map, tsr_landed + 0, BN*pid_n + PANEL, 0);
+          tsr_tma_load_2d(b_tile_smem + 2*BK*PANEL, &W_in_map, tsr_landed + 0, BN*pid_n + 2*PANEL,
+              0);
+          tsr_tma_load_2d(b_tile_smem + 3*BK*PANEL, &W_in_map, tsr_landed + 0, BN*pid_n + 3*PANEL,
+              0);
         }
       } else {
         #pragma unroll 1
@@ -617,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          b_tile_smem[j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               i < D && col < F ? W_in[i * F + col] : 0;
         }
         tsr_fence_async_shared();
@@ -629,7 +643,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + BM*BK, &x_map, tsr_landed + 1, 64, BM*pid_m);
+          tsr_tma_load_2d(a_tile_smem + BM*BK, &x_map, tsr_landed + 1, BK, BM*pid_m);
         }
       } else {
         #pragma unroll 1
@@ -637,7 +651,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+          a_tile_smem[1 * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
               row < T && BK + j < D ? x[row * D + BK + j] : 0;
         }
         tsr_fence_async_shared();
@@ -645,13 +659,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_in_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + BK*BN, &W_in_map, tsr_landed + 1, BN*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 4096, &W_in_map, tsr_landed + 1, BN*pid_n + 64,
-              64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 8192, &W_in_map, tsr_landed + 1, BN*pid_n + 128,
-              64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 12288, &W_in_map, tsr_landed + 1, BN*pid_n + 192,
-              64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN, &W_in_map, tsr_landed + 1, BN*pid_n, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + BK*PANEL, &W_in_map, tsr_landed + 1,
+              BN*pid_n + PANEL, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 2*BK*PANEL, &W_in_map, tsr_landed + 1,
+              BN*pid_n + 2*PANEL, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 3*BK*PANEL, &W_in_map, tsr_landed + 1,
+              BN*pid_n + 3*PANEL, BK);
         }
       } else {
         #pragma unroll 1
@@ -659,8 +673,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              BK + i < D && col < F ? W_in[(BK + i) * F + col] : 0;
+          b_tile_smem[1 * BK*BN + j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8
+              + j % 8] = BK + i < D && col < F ? W_in[(BK + i) * F + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -682,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+            a_tile_smem[((kb + 2) % 4) * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
                 row < T && BK*kb + 2*BK + j < D ? x[row * D + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
@@ -692,12 +706,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &W_in_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &W_in_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &W_in_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &W_in_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + BK*PANEL, &W_in_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + PANEL, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 2*BK*PANEL, &W_in_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 2*PANEL, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 3*BK*PANEL, &W_in_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 3*PANEL, BK*kb + 2*BK);
           }
         } else {
           #pragma unroll 1
@@ -705,9 +719,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
             const long long i = e / BN;
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 2*BK + i < D && col < F ? W_in[(BK*kb + 2*BK + i) * F + col]
-                : 0;
+            b_tile_smem[((kb + 2) % 4) * BK*BN + j / PANEL * BK*PANEL + i * PANEL
+                + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
+                BK*kb + 2*BK + i < D && col < F ? W_in[(BK*kb + 2*BK + i) * F + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -734,13 +748,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k0(const unsigned short
       #pragma unroll
       for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
-            + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
-            1024));
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * BM*BK + (wave / 4 * WGMMA_M) * PANEL
+            + kk % PANEL), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * BK*BN + kk * PANEL,
+            BK*PANEL*2));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
-      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+      if (kb - 1 >= 0 && lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();
@@ -788,8 +802,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
   constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
+  constexpr int WARPGROUP = 4*TSR_WARP_SIZE;
   constexpr int WGMMA_M = 64;
   constexpr int WGMMA_K = 16;
+  constexpr int PANEL = 64;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -807,13 +823,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_landed + 0, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 0, 2);
-    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_landed + 1, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 1, 2);
-    tsr_mbarrier_init(tsr_landed + 2, 128);
+    tsr_mbarrier_init(tsr_landed + 2, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 2, 2);
-    tsr_mbarrier_init(tsr_landed + 3, 128);
+    tsr_mbarrier_init(tsr_landed + 3, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 3, 2);
     tsr_fence_mbarrier_init();
   }
@@ -834,7 +850,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+          a_tile_smem[i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
               row < T && j < F ? h[row * F + j] : 0;
         }
         tsr_fence_async_shared();
@@ -843,9 +859,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       if (W_out_aligned) {
         if (ptid == 0) {
           tsr_tma_load_2d(b_tile_smem, &W_out_map, tsr_landed + 0, BN*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &W_out_map, tsr_landed + 0, BN*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &W_out_map, tsr_landed + 0, BN*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &W_out_map, tsr_landed + 0, BN*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem + BK*PANEL, &W_out_map, tsr_landed + 0, BN*pid_n + PANEL, 0);
+          tsr_tma_load_2d(b_tile_smem + 2*BK*PANEL, &W_out_map, tsr_landed + 0,
+              BN*pid_n + 2*PANEL, 0);
+          tsr_tma_load_2d(b_tile_smem + 3*BK*PANEL, &W_out_map, tsr_landed + 0,
+              BN*pid_n + 3*PANEL, 0);
         }
       } else {
         #pragma unroll 1
@@ -853,7 +871,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          b_tile_smem[j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               i < F && col < D ? W_out[i * D + col] : 0;
         }
         tsr_fence_async_shared();
@@ -865,7 +883,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (h_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + BM*BK, &h_map, tsr_landed + 1, 64, BM*pid_m);
+          tsr_tma_load_2d(a_tile_smem + BM*BK, &h_map, tsr_landed + 1, BK, BM*pid_m);
         }
       } else {
         #pragma unroll 1
@@ -873,7 +891,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+          a_tile_smem[1 * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
               row < T && BK + j < F ? h[row * F + BK + j] : 0;
         }
         tsr_fence_async_shared();
@@ -881,13 +899,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (W_out_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + BK*BN, &W_out_map, tsr_landed + 1, BN*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 4096, &W_out_map, tsr_landed + 1, BN*pid_n + 64,
-              64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 8192, &W_out_map, tsr_landed + 1, BN*pid_n + 128,
-              64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 12288, &W_out_map, tsr_landed + 1, BN*pid_n + 192,
-              64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN, &W_out_map, tsr_landed + 1, BN*pid_n, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + BK*PANEL, &W_out_map, tsr_landed + 1,
+              BN*pid_n + PANEL, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 2*BK*PANEL, &W_out_map, tsr_landed + 1,
+              BN*pid_n + 2*PANEL, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 3*BK*PANEL, &W_out_map, tsr_landed + 1,
+              BN*pid_n + 3*PANEL, BK);
         }
       } else {
         #pragma unroll 1
@@ -895,8 +913,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              BK + i < F && col < D ? W_out[(BK + i) * D + col] : 0;
+          b_tile_smem[1 * BK*BN + j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8
+              + j % 8] = BK + i < F && col < D ? W_out[(BK + i) * D + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -918,7 +936,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+            a_tile_smem[((kb + 2) % 4) * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
                 row < T && BK*kb + 2*BK + j < F ? h[row * F + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
@@ -928,12 +946,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &W_out_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &W_out_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &W_out_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &W_out_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + BK*PANEL, &W_out_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + PANEL, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 2*BK*PANEL, &W_out_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 2*PANEL, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 3*BK*PANEL, &W_out_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 3*PANEL, BK*kb + 2*BK);
           }
         } else {
           #pragma unroll 1
@@ -941,9 +959,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
             const long long i = e / BN;
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 2*BK + i < F && col < D ? W_out[(BK*kb + 2*BK + i) * D + col]
-                : 0;
+            b_tile_smem[((kb + 2) % 4) * BK*BN + j / PANEL * BK*PANEL + i * PANEL
+                + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
+                BK*kb + 2*BK + i < F && col < D ? W_out[(BK*kb + 2*BK + i) * D + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -970,13 +988,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) mlp_k1(const unsigned short
       #pragma unroll
       for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
-            + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
-            1024));
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * BM*BK + (wave / 4 * WGMMA_M) * PANEL
+            + kk % PANEL), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * BK*BN + kk * PANEL,
+            BK*PANEL*2));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
-      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+      if (kb - 1 >= 0 && lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();
@@ -1025,8 +1043,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
   constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
   constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
+  constexpr int WARPGROUP = 4*TSR_WARP_SIZE;
   constexpr int WGMMA_M = 64;
   constexpr int WGMMA_K = 32;
+  constexpr int PANEL = 128;
   constexpr int A_TILE_BYTES = BM*BK;
   constexpr int B_TILE_BYTES = BN*BK;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -1044,13 +1064,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_landed + 0, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 0, 2);
-    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_landed + 1, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 1, 2);
-    tsr_mbarrier_init(tsr_landed + 2, 128);
+    tsr_mbarrier_init(tsr_landed + 2, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 2, 2);
-    tsr_mbarrier_init(tsr_landed + 3, 128);
+    tsr_mbarrier_init(tsr_landed + 3, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 3, 2);
     tsr_fence_mbarrier_init();
   }
@@ -1071,8 +1091,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-              row < T && j < D ? x[row * D + j] : 0;
+          a_tile_smem[i * PANEL + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES] = row < T && j < D ? x[row * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -1087,19 +1107,19 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
           const long long i = e / BK;
           const long long row = BN*pid_n + i;
           const long long j = e - i * BK;
-          b_tile_smem[i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-              row < F && j < D ? w[row * D + j] : 0;
+          b_tile_smem[i * PANEL + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES] = row < F && j < D ? w[row * D + j] : 0;
         }
         tsr_fence_async_shared();
       }
       tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
           ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (w_aligned ? B_TILE_BYTES : 0) : 0);
     }
-    if (128 < D) {
+    if (BK < D) {
       // gemm_nt.tsr:15: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + BM*BK, &x_map, tsr_landed + 1, 128, BM*pid_m);
+          tsr_tma_load_2d(a_tile_smem + BM*BK, &x_map, tsr_landed + 1, BK, BM*pid_m);
         }
       } else {
         #pragma unroll 1
@@ -1107,15 +1127,15 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[1 * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-              row < T && BK + j < D ? x[row * D + BK + j] : 0;
+          a_tile_smem[1 * BM*BK + i * PANEL + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES] = row < T && BK + j < D ? x[row * D + BK + j] : 0;
         }
         tsr_fence_async_shared();
       }
       // gemm_nt.tsr:16: b_tile = tile.load(b, rows=T.n, cols=kb)
       if (w_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + BN*BK, &w_map, tsr_landed + 1, 128, BN*pid_n);
+          tsr_tma_load_2d(b_tile_smem + BN*BK, &w_map, tsr_landed + 1, BK, BN*pid_n);
         }
       } else {
         #pragma unroll 1
@@ -1123,8 +1143,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
           const long long i = e / BK;
           const long long row = BN*pid_n + i;
           const long long j = e - i * BK;
-          b_tile_smem[1 * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
-              row < F && BK + j < D ? w[row * D + BK + j] : 0;
+          b_tile_smem[1 * BN*BK + i * PANEL + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES] = row < F && BK + j < D ? w[row * D + BK + j] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -1146,7 +1166,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
-            a_tile_smem[((kb + 2) % 4) * 16384 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
+            a_tile_smem[((kb + 2) % 4) * BM*BK + i * PANEL
+                + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES] =
                 row < T && BK*kb + 2*BK + j < D ? x[row * D + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
@@ -1163,7 +1184,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
             const long long i = e / BK;
             const long long row = BN*pid_n + i;
             const long long j = e - i * BK;
-            b_tile_smem[((kb + 2) % 4) * 32768 + i * 128 + (j / 16 ^ i % 8) * 16 + j % 16] =
+            b_tile_smem[((kb + 2) % 4) * BN*BK + i * PANEL
+                + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES] =
                 row < F && BK*kb + 2*BK + j < D ? w[row * D + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
@@ -1191,13 +1213,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_fp8(
       #pragma unroll
       for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k32_fp8_e4m3_ss(acc,
-            tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 16384 + (wave / 4 * WGMMA_M) * 128
-            + kk % 128, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 32768 + kk % 128, 16,
-            1024));
+            tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * BM*BK + (wave / 4 * WGMMA_M) * PANEL
+            + kk % PANEL), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * BN*BK + kk % PANEL));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
-      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+      if (kb - 1 >= 0 && lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
     // gemm_nt.tsr:14: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();

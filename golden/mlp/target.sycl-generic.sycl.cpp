@@ -179,6 +179,28 @@ inline void linear_gelu_k0(const unsigned short* __restrict__ A,
   }
 }
 
+// ---- linear_gelu_k0_submit: submits linear_gelu_k0 to `queue` after the event `done`
+inline sycl::event linear_gelu_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* A, const unsigned short* B,
+    const float* bias, unsigned short* out, const long long M, const long long K,
+    const long long N) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (M + BM - 1) / BM, THREADS * ((N + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      linear_gelu_k0(
+          A, B, bias, out, M, K, N, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- mlp_k0: launch k0 of mlp: the library's gemm
 // grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 128 threads per program
 inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* __restrict__ W_in,
@@ -265,6 +287,28 @@ inline void mlp_k0(const unsigned short* __restrict__ x, const unsigned short* _
           tsr_float_to_bf16((tsr_round_bf16((tsr_gelu((acc[t] + (b_in[BN*pid_n + j])))))));
     }
   }
+}
+
+// ---- mlp_k0_submit: submits mlp_k0 to `queue` after the event `done`
+inline sycl::event mlp_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* x,
+    const unsigned short* W_in, const float* b_in, unsigned short* h, const long long T,
+    const long long D, const long long F) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (T + BM - 1) / BM, THREADS * ((F + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      mlp_k0(
+          x, W_in, b_in, h, T, D, F, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- mlp_k1: launch k1 of mlp: the library's gemm
@@ -358,6 +402,28 @@ inline void mlp_k1(const unsigned short* __restrict__ h, const unsigned short* _
   }
 }
 
+// ---- mlp_k1_submit: submits mlp_k1 to `queue` after the event `done`
+inline sycl::event mlp_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* h,
+    const unsigned short* W_out, const float* b_out, const unsigned short* x, unsigned short* out,
+    const long long T, const long long F, const long long D) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (T + BM - 1) / BM, THREADS * ((D + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      mlp_k1(
+          h, W_out, b_out, x, out, T, F, D, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- linear_fp8_k0: launch k0 of linear_fp8: the library's gemm_nt
 // grid [pid_n < ceil(F/BN), pid_m < ceil(T/BM)], 128 threads per program
 inline void linear_fp8_k0(const unsigned char* __restrict__ x,
@@ -449,23 +515,35 @@ inline void linear_fp8_k0(const unsigned char* __restrict__ x,
   }
 }
 
+// ---- linear_fp8_k0_submit: submits linear_fp8_k0 to `queue` after the event `done`
+inline sycl::event linear_fp8_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned char* x, const unsigned char* w,
+    const float* bias, unsigned short* out, const long long T, const long long D,
+    const long long F) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (T + BM - 1) / BM, THREADS * ((F + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      linear_fp8_k0(
+          x, w, bias, out, T, D, F, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- linear_gelu: the host function of linear_gelu, on `queue`: tensors are USM
 // device pointers; it returns when every launch is done.
 inline void linear_gelu(
     sycl::queue& queue, const unsigned short* A, const unsigned short* B, const float* bias,
     unsigned short* out, const long long M, const long long K, const long long N) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (M + 63) / 64, 128 * ((N + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      linear_gelu_k0(
-          A, B, bias, out, M, K, N, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = linear_gelu_k0_submit(queue, done, A, B, bias, out, M, K, N);
   done.wait();
 }
 
@@ -477,28 +555,8 @@ inline void mlp(
     const long long D, const long long F) {
   unsigned short* const h = static_cast<unsigned short*>(sycl::malloc_device(2*F*T, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (T + 63) / 64, 128 * ((F + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      mlp_k0(
-          x, W_in, b_in, h, T, D, F, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (T + 63) / 64, 128 * ((D + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      mlp_k1(
-          h, W_out, b_out, x, out, T, F, D, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = mlp_k0_submit(queue, done, x, W_in, b_in, h, T, D, F);
+  done = mlp_k1_submit(queue, done, h, W_out, b_out, x, out, T, F, D);
   done.wait();
   sycl::free(h, queue);
 }
@@ -509,16 +567,6 @@ inline void linear_fp8(
     sycl::queue& queue, const unsigned char* x, const unsigned char* w, const float* bias,
     unsigned short* out, const long long T, const long long D, const long long F) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (T + 63) / 64, 128 * ((F + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      linear_fp8_k0(
-          x, w, bias, out, T, D, F, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = linear_fp8_k0_submit(queue, done, x, w, bias, out, T, D, F);
   done.wait();
 }

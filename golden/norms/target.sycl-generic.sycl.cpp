@@ -109,6 +109,25 @@ inline void row_softmax_k0(const float* __restrict__ x, float* __restrict__ out,
   }
 }
 
+// ---- row_softmax_k0_submit: submits row_softmax_k0 to `queue` after the event `done`
+inline sycl::event row_softmax_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, float* out, const long long R,
+    const long long C) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((R + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      row_softmax_k0(
+          x, out, R, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- pre_norm_k0: launch k0 of pre_norm: the library's layernorm
 // grid [pid_m < ceil(T/BM)], 128 threads per program
 inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __restrict__ gamma,
@@ -167,6 +186,26 @@ inline void pre_norm_k0(const unsigned short* __restrict__ x, const float* __res
   }
 }
 
+// ---- pre_norm_k0_submit: submits pre_norm_k0 to `queue` after the event `done`
+inline sycl::event pre_norm_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* x, const float* gamma,
+    const float* beta, unsigned short* out, const long long T, const long long D) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      pre_norm_k0(
+          x, gamma, beta, out, T, D, it,
+          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- rms_k0: launch k0 of rms: the library's rmsnorm
 // grid [pid_m < ceil(T/BM)], 128 threads per program
 inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight,
@@ -208,6 +247,26 @@ inline void rms_k0(const float* __restrict__ x, const float* __restrict__ weight
           (((x[row * D + j]) * rsqrt_mean_square_eps[i]) * (weight[j]));
     }
   }
+}
+
+// ---- rms_k0_submit: submits rms_k0 to `queue` after the event `done`
+inline sycl::event rms_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, const float* weight, float* out,
+    const long long T, const long long D) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      rms_k0(
+          x, weight, out, T, D, it,
+              tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- add_rms_k0: launch k0 of add_rms: the library's rmsnorm
@@ -258,21 +317,32 @@ inline void add_rms_k0(const float* __restrict__ x, const float* __restrict__ re
   }
 }
 
+// ---- add_rms_k0_submit: submits add_rms_k0 to `queue` after the event `done`
+inline sycl::event add_rms_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, const float* residual,
+    const float* weight, float* out, const long long B, const long long S, const long long D) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, B, THREADS * ((S + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      add_rms_k0(
+          x, residual, weight, out, B, S, D, it,
+          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- row_softmax: the host function of row_softmax, on `queue`: tensors are USM
 // device pointers; it returns when every launch is done.
 inline void row_softmax(
     sycl::queue& queue, const float* x, float* out, const long long R, const long long C) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((R + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      row_softmax_k0(
-          x, out, R, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = row_softmax_k0_submit(queue, done, x, out, R, C);
   done.wait();
 }
 
@@ -282,17 +352,7 @@ inline void pre_norm(
     sycl::queue& queue, const unsigned short* x, const float* gamma, const float* beta,
     unsigned short* out, const long long T, const long long D) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      pre_norm_k0(
-          x, gamma, beta, out, T, D, it,
-          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = pre_norm_k0_submit(queue, done, x, gamma, beta, out, T, D);
   done.wait();
 }
 
@@ -302,17 +362,7 @@ inline void rms(
     sycl::queue& queue, const float* x, const float* weight, float* out, const long long T,
     const long long D) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      rms_k0(
-          x, weight, out, T, D, it,
-              tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = rms_k0_submit(queue, done, x, weight, out, T, D);
   done.wait();
 }
 
@@ -322,16 +372,6 @@ inline void add_rms(
     sycl::queue& queue, const float* x, const float* residual, const float* weight, float* out,
     const long long B, const long long S, const long long D) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, B, 128 * ((S + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      add_rms_k0(
-          x, residual, weight, out, B, S, D, it,
-          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = add_rms_k0_submit(queue, done, x, residual, weight, out, B, S, D);
   done.wait();
 }

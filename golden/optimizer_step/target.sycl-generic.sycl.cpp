@@ -88,6 +88,23 @@ inline void adamw_k0(const float* __restrict__ state_m, const float* __restrict_
   }
 }
 
+// ---- adamw_k0_submit: submits adamw_k0 to `queue` after the event `done`
+inline sycl::event adamw_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* state_m, const float* dw,
+    const float* state_v, const long long step_1, const float lr, const float* w, float* out1,
+    float* out2, float* out0, const long long N) {
+  constexpr int BM = 1024;
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * ((N + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      adamw_k0(state_m, dw, state_v, step_1, lr, w, out1, out2, out0, N, it);
+    });
+  });
+}
+
 // ---- adamw_bf16_k0: launch k0 of adamw_bf16: the library's elementwise
 // grid [pid_m < ceil(N/BM)], 256 threads per program
 inline void adamw_bf16_k0(const unsigned short* __restrict__ dw,
@@ -147,6 +164,23 @@ inline void adamw_bf16_k0(const unsigned short* __restrict__ dw,
   }
 }
 
+// ---- adamw_bf16_k0_submit: submits adamw_bf16_k0 to `queue` after the event `done`
+inline sycl::event adamw_bf16_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* dw, const float* state_m,
+    const float* state_v, const long long step_1, const float lr, const float* state_master,
+    float* out2, float* out3, float* out1, unsigned short* out0, const long long N) {
+  constexpr int BM = 1024;
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * ((N + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      adamw_bf16_k0(dw, state_m, state_v, step_1, lr, state_master, out2, out3, out1, out0, N, it);
+    });
+  });
+}
+
 // ---- adamw: the host function of adamw, on `queue`: tensors are USM
 // device pointers; it returns when every launch is done.
 inline void adamw(
@@ -154,14 +188,7 @@ inline void adamw(
     const float* state_v, const float lr, const long long step_1, float* out0, float* out1,
     float* out2, const long long N) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 256 * ((N + 1023) / 1024));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      adamw_k0(state_m, dw, state_v, step_1, lr, w, out1, out2, out0, N, it);
-    });
-  });
+  done = adamw_k0_submit(queue, done, state_m, dw, state_v, step_1, lr, w, out1, out2, out0, N);
   done.wait();
 }
 
@@ -173,13 +200,7 @@ inline void adamw_bf16(
     const long long step_1, unsigned short* out0, float* out1, float* out2, float* out3,
     const long long N) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 256 * ((N + 1023) / 1024));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      adamw_bf16_k0(dw, state_m, state_v, step_1, lr, state_master, out2, out3, out1, out0, N, it);
-    });
-  });
+  done = adamw_bf16_k0_submit(
+      queue, done, dw, state_m, state_v, step_1, lr, state_master, out2, out3, out1, out0, N);
   done.wait();
 }

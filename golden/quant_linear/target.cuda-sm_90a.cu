@@ -181,10 +181,14 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
 // operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
-// in bits 62-63). Addresses and offsets are in 16-byte units.
-__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes,
-    unsigned stride_bytes) {
+// in bits 62-63). Addresses and offsets are in 16-byte units. The stride step is eight
+// 128-byte rows of a panel (the swizzle's repeat) whichever way round the operand lies;
+// the leading step is an MN-major operand's next panel along m or n, and a K-major one
+// has none (its k steps stay within one row): it takes one unit.
+__device__ inline unsigned long long tsr_wgmma_desc(const void* start,
+    unsigned leading_bytes = 16) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(start);
+  const unsigned stride_bytes = 8 * 128;
   return (unsigned long long)((address >> 4) & 0x3fffu) |
          (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
          (unsigned long long)((stride_bytes >> 4) & 0x3fffu) << 32 | 1ull << 62;
@@ -392,6 +396,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
   constexpr int MMA_K = 16;
+  constexpr int PANEL = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 131072 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   signed char* const operand_smem = (signed char*)(tsr_smem + 65536);
@@ -407,12 +412,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       const int j = e % (BK / 8) * 8;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy_async16(a_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        tsr_copy_async16(a_smem + (i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          a_smem[i * PANEL + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -447,12 +452,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
       const int j = e % (BK / 8) * 8;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < M && BK + j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy_async16(a_smem + (1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        tsr_copy_async16(a_smem + (1 * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + BK + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[1 * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          a_smem[1 * BM*BK + i * PANEL + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK + j + q < K ? x[(BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
@@ -501,12 +506,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
         const int j = e % (BK / 8) * 8;
         if (x_aligned) {
           const int bytes = BM*pid_m + i < M && BK*kb + 2*BK + j < K ? TSR_CHUNK_BYTES : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8
+          tsr_copy_async16(a_smem + (((kb + 2) % 4) * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8
               + j % 8), bytes ? x + ((BM*pid_m + i) * K + BK*kb + 2*BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 4) * 8192 + i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            a_smem[((kb + 2) % 4) * BM*BK + i * PANEL + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + 2*BK + j + q < K
                 ? x[(BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
@@ -542,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
     for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
-          a_smem + ((kb % 4) * 8192 + (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * 64
+          a_smem + ((kb % 4) * BM*BK + (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * PANEL
           + ((kk + lane / 8 / 2 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 8) * 8
           + (kk + lane / 8 / 2 * 8) % 8));
       #pragma unroll
@@ -631,8 +636,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
   constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
   constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
+  constexpr int WARPGROUP = 4*TSR_WARP_SIZE;
   constexpr int WGMMA_M = 64;
   constexpr int WGMMA_K = 16;
+  constexpr int PANEL = 64;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
@@ -650,13 +657,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_landed + 0, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 0, 2);
-    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_landed + 1, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 1, 2);
-    tsr_mbarrier_init(tsr_landed + 2, 128);
+    tsr_mbarrier_init(tsr_landed + 2, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 2, 2);
-    tsr_mbarrier_init(tsr_landed + 3, 128);
+    tsr_mbarrier_init(tsr_landed + 3, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 3, 2);
     tsr_fence_mbarrier_init();
   }
@@ -677,7 +684,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+          a_tile_smem[i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
               row < M && j < K ? x[row * K + j] : 0;
         }
         tsr_fence_async_shared();
@@ -686,9 +693,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
       if (t4_aligned) {
         if (ptid == 0) {
           tsr_tma_load_2d(b_tile_smem, &t4_map, tsr_landed + 0, BN*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &t4_map, tsr_landed + 0, BN*pid_n + 64, 0);
-          tsr_tma_load_2d(b_tile_smem + 8192, &t4_map, tsr_landed + 0, BN*pid_n + 128, 0);
-          tsr_tma_load_2d(b_tile_smem + 12288, &t4_map, tsr_landed + 0, BN*pid_n + 192, 0);
+          tsr_tma_load_2d(b_tile_smem + BK*PANEL, &t4_map, tsr_landed + 0, BN*pid_n + PANEL, 0);
+          tsr_tma_load_2d(b_tile_smem + 2*BK*PANEL, &t4_map, tsr_landed + 0, BN*pid_n + 2*PANEL,
+              0);
+          tsr_tma_load_2d(b_tile_smem + 3*BK*PANEL, &t4_map, tsr_landed + 0, BN*pid_n + 3*PANEL,
+              0);
         }
       } else {
         #pragma unroll 1
@@ -696,7 +705,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          b_tile_smem[j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               i < K && col < N ? t4[i * N + col] : 0;
         }
         tsr_fence_async_shared();
@@ -708,7 +717,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
       // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
       if (x_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + BM*BK, &x_map, tsr_landed + 1, 64, BM*pid_m);
+          tsr_tma_load_2d(a_tile_smem + BM*BK, &x_map, tsr_landed + 1, BK, BM*pid_m);
         }
       } else {
         #pragma unroll 1
@@ -716,7 +725,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[1 * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+          a_tile_smem[1 * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
               row < M && BK + j < K ? x[row * K + BK + j] : 0;
         }
         tsr_fence_async_shared();
@@ -724,11 +733,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
       // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
       if (t4_aligned) {
         if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + BK*BN, &t4_map, tsr_landed + 1, BN*pid_n, 64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 4096, &t4_map, tsr_landed + 1, BN*pid_n + 64, 64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 8192, &t4_map, tsr_landed + 1, BN*pid_n + 128, 64);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 12288, &t4_map, tsr_landed + 1, BN*pid_n + 192,
-              64);
+          tsr_tma_load_2d(b_tile_smem + BK*BN, &t4_map, tsr_landed + 1, BN*pid_n, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + BK*PANEL, &t4_map, tsr_landed + 1,
+              BN*pid_n + PANEL, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 2*BK*PANEL, &t4_map, tsr_landed + 1,
+              BN*pid_n + 2*PANEL, BK);
+          tsr_tma_load_2d(b_tile_smem + BK*BN + 3*BK*PANEL, &t4_map, tsr_landed + 1,
+              BN*pid_n + 3*PANEL, BK);
         }
       } else {
         #pragma unroll 1
@@ -736,8 +747,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
-          b_tile_smem[1 * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
-              BK + i < K && col < N ? t4[(BK + i) * N + col] : 0;
+          b_tile_smem[1 * BK*BN + j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8
+              + j % 8] = BK + i < K && col < N ? t4[(BK + i) * N + col] : 0;
         }
         tsr_fence_async_shared();
       }
@@ -759,7 +770,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
-            a_tile_smem[((kb + 2) % 4) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+            a_tile_smem[((kb + 2) % 4) * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
                 row < M && BK*kb + 2*BK + j < K ? x[row * K + BK*kb + 2*BK + j] : 0;
           }
           tsr_fence_async_shared();
@@ -769,12 +780,12 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &t4_map,
                 tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 4096, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 64, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 8192, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 128, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 12288, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 192, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + BK*PANEL, &t4_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + PANEL, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 2*BK*PANEL, &t4_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 2*PANEL, BK*kb + 2*BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 3*BK*PANEL, &t4_map,
+                tsr_landed + (kb + 2) % 4, BN*pid_n + 3*PANEL, BK*kb + 2*BK);
           }
         } else {
           #pragma unroll 1
@@ -782,8 +793,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
             const long long i = e / BN;
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
-            b_tile_smem[((kb + 2) % 4) * 16384 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + 2*BK + i < K && col < N ? t4[(BK*kb + 2*BK + i) * N + col] : 0;
+            b_tile_smem[((kb + 2) % 4) * BK*BN + j / PANEL * BK*PANEL + i * PANEL
+                + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
+                BK*kb + 2*BK + i < K && col < N ? t4[(BK*kb + 2*BK + i) * N + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -810,13 +822,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
       #pragma unroll
       for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * 8192 + (wave / 4 * WGMMA_M) * 64
-            + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * 16384 + kk * 64, 8192,
-            1024));
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * BM*BK + (wave / 4 * WGMMA_M) * PANEL
+            + kk % PANEL), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * BK*BN + kk * PANEL,
+            BK*PANEL*2));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
-      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
+      if (kb - 1 >= 0 && lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
     }
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();

@@ -109,6 +109,22 @@ inline void quantize_weights_k0(const float* __restrict__ scale, float* __restri
   }
 }
 
+// ---- quantize_weights_k0_submit: submits quantize_weights_k0 to `queue` after the event `done`
+inline sycl::event quantize_weights_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* scale, float* t0,
+        const long long N) {
+  constexpr int BM = 1024;
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * ((N + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      quantize_weights_k0(scale, t0, N, it);
+    });
+  });
+}
+
 // ---- quantize_weights_k1: launch k1 of quantize_weights: the library's elementwise
 // grid [pid_m < ceil(K/BM)], 128 threads per program
 inline void quantize_weights_k1(const float* __restrict__ w, const float* __restrict__ t0,
@@ -127,6 +143,22 @@ inline void quantize_weights_k1(const float* __restrict__ w, const float* __rest
           * (t0[j])))), -128.0f, 127.0f))));
     }
   }
+}
+
+// ---- quantize_weights_k1_submit: submits quantize_weights_k1 to `queue` after the event `done`
+inline sycl::event quantize_weights_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* w, const float* t0, signed char* out,
+    const long long K, const long long N) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * ((K + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      quantize_weights_k1(w, t0, out, K, N, it);
+    });
+  });
 }
 
 // ---- w8a16_k0: tile kernel w8a16
@@ -219,6 +251,27 @@ inline void w8a16_k0(const unsigned short* __restrict__ x, const signed char* __
   }
 }
 
+// ---- w8a16_k0_submit: submits w8a16_k0 to `queue` after the event `done`
+inline sycl::event w8a16_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* x, const signed char* w,
+    const float* scale, float* out, const long long M, const long long K, const long long N) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 384;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (M + BM - 1) / BM, THREADS * ((N + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      w8a16_k0(
+          x, w, scale, out, M, K, N, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
 // grid [pid_m < ceil(32/BM), pid_b0 < K/32], 128 threads per program
 inline void linear_per_group_k0(const signed char* __restrict__ w,
@@ -239,6 +292,21 @@ inline void linear_per_group_k0(const signed char* __restrict__ w,
           * (scale[(pid_b0 * 1 + 0) * N + j])))));
     }
   }
+}
+
+// ---- linear_per_group_k0_submit: submits linear_per_group_k0 to `queue` after the event `done`
+inline sycl::event linear_per_group_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const signed char* w, const float* scale,
+    unsigned short* t4, const long long K, const long long N) {
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, (K)/32, THREADS * (8));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      linear_per_group_k0(w, scale, t4, K, N, it);
+    });
+  });
 }
 
 // ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
@@ -326,6 +394,27 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
   }
 }
 
+// ---- linear_per_group_k1_submit: submits linear_per_group_k1 to `queue` after the event `done`
+inline sycl::event linear_per_group_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* t4, const unsigned short* x,
+    float* out, const long long K, const long long N, const long long M) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (M + BM - 1) / BM, THREADS * ((N + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      linear_per_group_k1(
+          t4, x, out, K, N, M, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- quantize_i4_k0: launch k0 of quantize_i4: the library's elementwise
 // grid [pid_m < ceil(1/BM), pid_b0 < K/32], 128 threads per program
 inline void quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ t2,
@@ -343,6 +432,21 @@ inline void quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ 
       if (row < 1) t2[(pid_b0 * 1 + row) * N + j] = (1.0f / (scale[(pid_b0 * 1 + row) * N + j]));
     }
   }
+}
+
+// ---- quantize_i4_k0_submit: submits quantize_i4_k0 to `queue` after the event `done`
+inline sycl::event quantize_i4_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* scale, float* t2, const long long K,
+    const long long N) {
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, (K)/32, THREADS);
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      quantize_i4_k0(scale, t2, K, N, it);
+    });
+  });
 }
 
 // ---- quantize_i4_k1: launch k1 of quantize_i4: the library's elementwise
@@ -368,6 +472,21 @@ inline void quantize_i4_k1(const float* __restrict__ w, const float* __restrict_
           * (t2[(pid_b0 * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
+}
+
+// ---- quantize_i4_k1_submit: submits quantize_i4_k1 to `queue` after the event `done`
+inline sycl::event quantize_i4_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* w, const float* t2, signed char* out,
+    const long long K, const long long N) {
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, (K)/32, THREADS * (8));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      quantize_i4_k1(w, t2, out, K, N, it);
+    });
+  });
 }
 
 // ---- w4a16_k0: tile kernel w4a16
@@ -439,6 +558,27 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
       if (BM*pid_m + i < M && BN*pid_n + j < N) out[(BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
+}
+
+// ---- w4a16_k0_submit: submits w4a16_k0 to `queue` after the event `done`
+inline sycl::event w4a16_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* x, const signed char* w,
+    const float* scale, float* out, const long long M, const long long K, const long long N) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (M + BM - 1) / BM, THREADS * ((N + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      w4a16_k0(
+          x, w, scale, out, M, K, N, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- w8a8_k0: tile kernel w8a8
@@ -559,6 +699,28 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
   }
 }
 
+// ---- w8a8_k0_submit: submits w8a8_k0 to `queue` after the event `done`
+inline sycl::event w8a8_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const signed char* x, const signed char* w,
+    const float* x_scale, const float* w_scale, float* out, const long long M, const long long K,
+    const long long N) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (M + BM - 1) / BM, THREADS * ((N + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      w8a8_k0(
+          x, w, x_scale, w_scale, out, M, K, N, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- quantize_weights: the host function of quantize_weights, on `queue`: tensors are USM
 // device pointers; it returns when every launch is done.
 inline void quantize_weights(
@@ -566,22 +728,8 @@ inline void quantize_weights(
     const long long N) {
   float* const t0 = static_cast<float*>(sycl::malloc_device(4*N, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 256 * ((N + 1023) / 1024));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      quantize_weights_k0(scale, t0, N, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 128 * ((K + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      quantize_weights_k1(w, t0, out, K, N, it);
-    });
-  });
+  done = quantize_weights_k0_submit(queue, done, scale, t0, N);
+  done = quantize_weights_k1_submit(queue, done, w, t0, out, K, N);
   done.wait();
   sycl::free(t0, queue);
 }
@@ -592,17 +740,7 @@ inline void w8a16(
     sycl::queue& queue, const unsigned short* x, const signed char* w, const float* scale,
     float* out, const long long M, const long long K, const long long N) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(384), cgh);
-    const sycl::range<3> global(1, (M + 63) / 64, 128 * ((N + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      w8a16_k0(
-          x, w, scale, out, M, K, N, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = w8a16_k0_submit(queue, done, x, w, scale, out, M, K, N);
   done.wait();
 }
 
@@ -613,25 +751,8 @@ inline void linear_per_group(
     float* out, const long long M, const long long K, const long long N) {
   unsigned short* const t4 = static_cast<unsigned short*>(sycl::malloc_device(2*K*N, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, (K)/32, 128 * ((32 + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      linear_per_group_k0(w, scale, t4, K, N, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (M + 63) / 64, 128 * ((N + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      linear_per_group_k1(
-          t4, x, out, K, N, M, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = linear_per_group_k0_submit(queue, done, w, scale, t4, K, N);
+  done = linear_per_group_k1_submit(queue, done, t4, x, out, K, N, M);
   done.wait();
   sycl::free(t4, queue);
 }
@@ -643,22 +764,8 @@ inline void quantize_i4(
     const long long N) {
   float* const t2 = static_cast<float*>(sycl::malloc_device((K*N)/8, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, (K)/32, 128 * ((1 + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      quantize_i4_k0(scale, t2, K, N, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, (K)/32, 128 * ((32 + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      quantize_i4_k1(w, t2, out, K, N, it);
-    });
-  });
+  done = quantize_i4_k0_submit(queue, done, scale, t2, K, N);
+  done = quantize_i4_k1_submit(queue, done, w, t2, out, K, N);
   done.wait();
   sycl::free(t2, queue);
 }
@@ -669,17 +776,7 @@ inline void w4a16(
     sycl::queue& queue, const unsigned short* x, const signed char* w, const float* scale,
     float* out, const long long M, const long long K, const long long N) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(256), cgh);
-    const sycl::range<3> global(1, (M + 63) / 64, 128 * ((N + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      w4a16_k0(
-          x, w, scale, out, M, K, N, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = w4a16_k0_submit(queue, done, x, w, scale, out, M, K, N);
   done.wait();
 }
 
@@ -689,16 +786,6 @@ inline void w8a8(
     sycl::queue& queue, const signed char* x, const signed char* w, const float* x_scale,
     const float* w_scale, float* out, const long long M, const long long K, const long long N) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (M + 63) / 64, 128 * ((N + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      w8a8_k0(
-          x, w, x_scale, w_scale, out, M, K, N, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = w8a8_k0_submit(queue, done, x, w, x_scale, w_scale, out, M, K, N);
   done.wait();
 }

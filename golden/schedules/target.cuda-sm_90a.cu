@@ -130,10 +130,14 @@ __device__ inline void tsr_copy_wait() {
 
 // sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
 // operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
-// in bits 62-63). Addresses and offsets are in 16-byte units.
-__device__ inline unsigned long long tsr_wgmma_desc(const void* start, unsigned leading_bytes,
-    unsigned stride_bytes) {
+// in bits 62-63). Addresses and offsets are in 16-byte units. The stride step is eight
+// 128-byte rows of a panel (the swizzle's repeat) whichever way round the operand lies;
+// the leading step is an MN-major operand's next panel along m or n, and a K-major one
+// has none (its k steps stay within one row): it takes one unit.
+__device__ inline unsigned long long tsr_wgmma_desc(const void* start,
+    unsigned leading_bytes = 16) {
   const unsigned address = (unsigned)__cvta_generic_to_shared(start);
+  const unsigned stride_bytes = 8 * 128;
   return (unsigned long long)((address >> 4) & 0x3fffu) |
          (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
          (unsigned long long)((stride_bytes >> 4) & 0x3fffu) << 32 | 1ull << 62;
@@ -353,6 +357,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
   constexpr int WARP_M = 16;
   constexpr int MMA_K = 16;
   constexpr int WGMMA_K = 16;
+  constexpr int PANEL = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 49152 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 24576);
@@ -387,12 +392,12 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(b_tile_smem
-            + (j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8),
+            + (j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[(j + q) / 64 * 2048 + i * 64 + ((j + q) % 64 / 8 ^ i % 8) * 8
+          b_tile_smem[(j + q) / PANEL * BK*PANEL + i * PANEL + ((j + q) % PANEL / 8 ^ i % 8) * 8
               + (j + q) % 8] = i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -441,13 +446,14 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
         if (B_aligned) {
           const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 1) % 3) * 4096 + j / 64 * 2048 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-              + j % 8), bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
+              + (((kb + 1) % 3) * BK*BN + j / PANEL * BK*PANEL + i * PANEL
+              + (j % PANEL / 8 ^ i % 8) * 8 + j % 8),
+              bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 3) * 4096 + (j + q) / 64 * 2048 + i * 64
-                + ((j + q) % 64 / 8 ^ i % 8) * 8 + (j + q) % 8] =
+            b_tile_smem[((kb + 1) % 3) * BK*BN + (j + q) / PANEL * BK*PANEL + i * PANEL
+                + ((j + q) % PANEL / 8 ^ i % 8) * 8 + (j + q) % 8] =
                 BK*kb + BK + i < K && BN*pid_n + j + q < N
                 ? B[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -492,7 +498,7 @@ extern "C" __global__ void __launch_bounds__(256) gemm(const unsigned short* __r
     #pragma unroll
     for (int kk = 0; kk < BK; kk += WGMMA_K) {
       tsr_wgmma_m64n128k16_f16_rs<1>(acc, a_tile_frag[kk / MMA_K],
-          tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 4096 + kk * 64, 4096, 1024));
+          tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * BK*BN + kk * PANEL, BK*PANEL*2));
     }
     tsr_wgmma_commit();
     tsr_wgmma_wait<1>();
@@ -539,6 +545,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
   constexpr int WARP_M = 16;
   constexpr int MMA_K = 16;
   constexpr int WGMMA_K = 16;
+  constexpr int PANEL = 64;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 24576 bytes, given at launch
   unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
   unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 12288);
@@ -572,12 +579,12 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
       const int j = e % (BN / 8) * 8;
       if (B_aligned) {
         const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
-        tsr_copy_async16(b_tile_smem + (i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+        tsr_copy_async16(b_tile_smem + (i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8),
             bytes ? B + (i * N + BN*pid_n + j) : B, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * 64 + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
+          b_tile_smem[i * PANEL + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
               i < K && BN*pid_n + j + q < N ? B[i * N + BN*pid_n + j + q] : 0;
         }
       }
@@ -626,12 +633,12 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
         if (B_aligned) {
           const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(b_tile_smem
-              + (((kb + 1) % 3) * 2048 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8),
+              + (((kb + 1) % 3) * BK*BN + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8),
               bytes ? B + ((BK*kb + BK + i) * N + BN*pid_n + j) : B, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 3) * 2048 + i * 64 + ((j + q) / 8 ^ i % 8) * 8
+            b_tile_smem[((kb + 1) % 3) * BK*BN + i * PANEL + ((j + q) / 8 ^ i % 8) * 8
                 + (j + q) % 8] = BK*kb + BK + i < K && BN*pid_n + j + q < N
                 ? B[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
@@ -676,7 +683,7 @@ extern "C" __global__ void __launch_bounds__(128) skinny_gemm(
     #pragma unroll
     for (int kk = 0; kk < BK; kk += WGMMA_K) {
       tsr_wgmma_m64n64k16_f16_rs<1>(acc, a_tile_frag[kk / MMA_K],
-          tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 2048 + kk * 64, 4096, 1024));
+          tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * BK*BN + kk * PANEL, BK*PANEL*2));
     }
     tsr_wgmma_commit();
     tsr_wgmma_wait<1>();
@@ -724,8 +731,10 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
   constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
   constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
+  constexpr int WARPGROUP = 4*TSR_WARP_SIZE;
   constexpr int WGMMA_M = 64;
   constexpr int WGMMA_K = 16;
+  constexpr int PANEL = 64;
   constexpr int A_TILE_BYTES = BM*BK*2;
   constexpr int B_TILE_BYTES = BK*BN*2;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 98352 bytes, given at launch
@@ -743,11 +752,11 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
   // a stage's copies land once its 128 producer threads have arrived and the bytes
   // thread 0 announced are in; it is free once every computing warpgroup has arrived
   if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, 128);
+    tsr_mbarrier_init(tsr_landed + 0, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 0, 2);
-    tsr_mbarrier_init(tsr_landed + 1, 128);
+    tsr_mbarrier_init(tsr_landed + 1, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 1, 2);
-    tsr_mbarrier_init(tsr_landed + 2, 128);
+    tsr_mbarrier_init(tsr_landed + 2, PRODUCERS);
     tsr_mbarrier_init(tsr_free + 2, 2);
     tsr_fence_mbarrier_init();
   }
@@ -768,7 +777,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
           const long long i = e / BK;
           const long long row = BM*pid_m + i;
           const long long j = e - i * BK;
-          a_tile_smem[i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+          a_tile_smem[i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
               row < M && j < K ? A[row * K + j] : 0;
         }
         tsr_fence_async_shared();
@@ -777,7 +786,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
       if (B_aligned) {
         if (ptid == 0) {
           tsr_tma_load_2d(b_tile_smem, &B_map, tsr_landed + 0, BN*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + 4096, &B_map, tsr_landed + 0, BN*pid_n + 64, 0);
+          tsr_tma_load_2d(b_tile_smem + BK*PANEL, &B_map, tsr_landed + 0, BN*pid_n + PANEL, 0);
         }
       } else {
         #pragma unroll 1
@@ -785,7 +794,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
           const long long i = e / BN;
           const long long j = e - i * BN;
           const long long col = BN*pid_n + j;
-          b_tile_smem[j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8 + j % 8] =
+          b_tile_smem[j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
               i < K && col < N ? B[i * N + col] : 0;
         }
         tsr_fence_async_shared();
@@ -808,7 +817,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
             const long long i = e / BK;
             const long long row = BM*pid_m + i;
             const long long j = e - i * BK;
-            a_tile_smem[((kb + 1) % 3) * 8192 + i * 64 + (j / 8 ^ i % 8) * 8 + j % 8] =
+            a_tile_smem[((kb + 1) % 3) * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
                 row < M && BK*kb + BK + j < K ? A[row * K + BK*kb + BK + j] : 0;
           }
           tsr_fence_async_shared();
@@ -818,8 +827,8 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
           if (ptid == 0) {
             tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * BK*BN, &B_map,
                 tsr_landed + (kb + 1) % 3, BN*pid_n, BK*kb + BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * BK*BN + 4096, &B_map,
-                tsr_landed + (kb + 1) % 3, BN*pid_n + 64, BK*kb + BK);
+            tsr_tma_load_2d(b_tile_smem + ((kb + 1) % 3) * BK*BN + BK*PANEL, &B_map,
+                tsr_landed + (kb + 1) % 3, BN*pid_n + PANEL, BK*kb + BK);
           }
         } else {
           #pragma unroll 1
@@ -827,8 +836,9 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
             const long long i = e / BN;
             const long long j = e - i * BN;
             const long long col = BN*pid_n + j;
-            b_tile_smem[((kb + 1) % 3) * 8192 + j / 64 * 4096 + i * 64 + (j % 64 / 8 ^ i % 8) * 8
-                + j % 8] = BK*kb + BK + i < K && col < N ? B[(BK*kb + BK + i) * N + col] : 0;
+            b_tile_smem[((kb + 1) % 3) * BK*BN + j / PANEL * BK*PANEL + i * PANEL
+                + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
+                BK*kb + BK + i < K && col < N ? B[(BK*kb + BK + i) * N + col] : 0;
           }
           tsr_fence_async_shared();
         }
@@ -855,13 +865,13 @@ extern "C" __global__ void __launch_bounds__(384, 1) gemm_bias_relu(
       #pragma unroll
       for (int kk = 0; kk < BK; kk += WGMMA_K) {
         tsr_wgmma_m64n128k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * 8192 + (wave / 4 * WGMMA_M) * 64
-            + kk % 64, 16, 1024), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * 8192 + kk * 64, 8192,
-            1024));
+            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 3) * BM*BK + (wave / 4 * WGMMA_M) * PANEL
+            + kk % PANEL), tsr_wgmma_desc(b_tile_smem + ((kb) % 3) * BK*BN + kk * PANEL,
+            BK*PANEL*2));
       }
       tsr_wgmma_commit();
       tsr_wgmma_wait<1>();
-      if (kb - 1 >= 0 && lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 3);
+      if (kb - 1 >= 0 && lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 3);
     }
     // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
     tsr_wgmma_wait<0>();

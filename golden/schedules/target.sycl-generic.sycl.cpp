@@ -164,6 +164,27 @@ inline void gemm_k0(const unsigned short* __restrict__ A, const unsigned short* 
   }
 }
 
+// ---- gemm_k0_submit: submits gemm_k0 to `queue` after the event `done`
+inline sycl::event gemm_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* A, const unsigned short* B,
+    unsigned short* out, const long long M, const long long K, const long long N) {
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int THREADS = 256;
+  constexpr int SMEM_CHUNKS = 1024;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (M + BM - 1) / BM, THREADS * ((N + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      gemm_k0(
+          A, B, out, M, K, N, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- skinny_gemm_k0: launch k0 of skinny_gemm: the library's gemm
 // grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
@@ -249,6 +270,27 @@ inline void skinny_gemm_k0(const unsigned short* __restrict__ A,
           out[(BM*pid_m + i) * N + BN*pid_n + j] = tsr_float_to_f16((tsr_round_f16(acc[t])));
     }
   }
+}
+
+// ---- skinny_gemm_k0_submit: submits skinny_gemm_k0 to `queue` after the event `done`
+inline sycl::event skinny_gemm_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* A, const unsigned short* B,
+    unsigned short* out, const long long M, const long long K, const long long N) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (M + BM - 1) / BM, THREADS * ((N + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      skinny_gemm_k0(
+          A, B, out, M, K, N, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- gemm_bias_relu_k0: launch k0 of gemm_bias_relu: the library's gemm
@@ -340,23 +382,35 @@ inline void gemm_bias_relu_k0(const unsigned short* __restrict__ A,
   }
 }
 
+// ---- gemm_bias_relu_k0_submit: submits gemm_bias_relu_k0 to `queue` after the event `done`
+inline sycl::event gemm_bias_relu_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* A, const unsigned short* B,
+    const float* bias, unsigned short* out, const long long M, const long long K,
+    const long long N) {
+  constexpr int BM = 128;
+  constexpr int BN = 128;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 1024;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (M + BM - 1) / BM, THREADS * ((N + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      gemm_bias_relu_k0(
+          A, B, bias, out, M, K, N, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- gemm: the host function of gemm, on `queue`: tensors are USM
 // device pointers; it returns when every launch is done.
 inline void gemm(
     sycl::queue& queue, const unsigned short* A, const unsigned short* B, unsigned short* out,
     const long long M, const long long K, const long long N) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1024), cgh);
-    const sycl::range<3> global(1, (M + 127) / 128, 256 * ((N + 127) / 128));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      gemm_k0(
-          A, B, out, M, K, N, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = gemm_k0_submit(queue, done, A, B, out, M, K, N);
   done.wait();
 }
 
@@ -366,17 +420,7 @@ inline void skinny_gemm(
     sycl::queue& queue, const unsigned short* A, const unsigned short* B, unsigned short* out,
     const long long M, const long long K, const long long N) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (M + 63) / 64, 128 * ((N + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      skinny_gemm_k0(
-          A, B, out, M, K, N, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = skinny_gemm_k0_submit(queue, done, A, B, out, M, K, N);
   done.wait();
 }
 
@@ -386,16 +430,6 @@ inline void gemm_bias_relu(
     sycl::queue& queue, const unsigned short* A, const unsigned short* B, const float* bias,
     unsigned short* out, const long long M, const long long K, const long long N) {
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1024), cgh);
-    const sycl::range<3> global(1, (M + 127) / 128, 128 * ((N + 127) / 128));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      gemm_bias_relu_k0(
-          A, B, bias, out, M, K, N, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = gemm_bias_relu_k0_submit(queue, done, A, B, bias, out, M, K, N);
   done.wait();
 }

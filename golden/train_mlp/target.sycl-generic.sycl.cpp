@@ -186,6 +186,27 @@ inline void loss_k0(const float* __restrict__ x, const float* __restrict__ w1,
   }
 }
 
+// ---- loss_k0_submit: submits loss_k0 to `queue` after the event `done`
+inline sycl::event loss_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, const float* w1, const float* b1,
+    float* hidden, const long long B, const long long D, const long long H) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (B + BM - 1) / BM, THREADS * ((H + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      loss_k0(
+          x, w1, b1, hidden, B, D, H, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- loss_k1: launch k1 of loss: the library's gemm
 // grid [pid_n < ceil(C/BN), pid_m < ceil(B/BM)], 128 threads per program
 inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ w2,
@@ -272,6 +293,27 @@ inline void loss_k1(const float* __restrict__ hidden, const float* __restrict__ 
   }
 }
 
+// ---- loss_k1_submit: submits loss_k1 to `queue` after the event `done`
+inline sycl::event loss_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* hidden, const float* w2,
+    const float* b2, float* logits, const long long B, const long long H, const long long C) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (B + BM - 1) / BM, THREADS * ((C + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      loss_k1(
+          hidden, w2, b2, logits, B, H, C, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- loss_k2: launch k2 of loss: the library's log_softmax
 // grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ target,
@@ -312,6 +354,26 @@ inline void loss_k2(const float* __restrict__ logits, const float* __restrict__ 
   }
 }
 
+// ---- loss_k2_submit: submits loss_k2 to `queue` after the event `done`
+inline sycl::event loss_k2_submit(
+    sycl::queue& queue, const sycl::event& done, const float* logits, const float* target,
+    float* t4, const long long B, const long long C) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((B + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      loss_k2(
+          logits, target, t4, B, C, it,
+          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- loss_k3: launch k3 of loss: the library's row_sum
 // grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const long long B,
@@ -331,6 +393,24 @@ inline void loss_k3(const float* __restrict__ t4, float* __restrict__ t5, const 
   for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = row_sum[e];
   }
+}
+
+// ---- loss_k3_submit: submits loss_k3 to `queue` after the event `done`
+inline sycl::event loss_k3_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t4, float* t5, const long long B,
+    const long long C) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((B + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      loss_k3(t4, t5, B, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- loss_k4: launch k4 of loss: the library's row_mean
@@ -363,6 +443,22 @@ inline void loss_k4(const float* __restrict__ t5, float* __restrict__ out, const
   for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < 1) out[BM*pid_m + e] = neg_row_mean[e];
   }
+}
+
+// ---- loss_k4_submit: submits loss_k4 to `queue` after the event `done`
+inline sycl::event loss_k4_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t5, float* out, const long long B) {
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS);
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      loss_k4(t5, out, B, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- train_step_k0: launch k0 of train_step: the library's gemm
@@ -448,6 +544,27 @@ inline void train_step_k0(const float* __restrict__ x, const float* __restrict__
           hidden[(BM*pid_m + i) * H + BN*pid_n + j] = (sycl::tanh((acc[t] + (b1[BN*pid_n + j]))));
     }
   }
+}
+
+// ---- train_step_k0_submit: submits train_step_k0 to `queue` after the event `done`
+inline sycl::event train_step_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, const float* w1, const float* b1,
+    float* hidden, const long long B, const long long D, const long long H) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (B + BM - 1) / BM, THREADS * ((H + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k0(
+          x, w1, b1, hidden, B, D, H, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- train_step_k1: launch k1 of train_step: the library's gemm
@@ -536,6 +653,27 @@ inline void train_step_k1(const float* __restrict__ hidden, const float* __restr
   }
 }
 
+// ---- train_step_k1_submit: submits train_step_k1 to `queue` after the event `done`
+inline sycl::event train_step_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* hidden, const float* w2,
+    const float* b2, float* logits, const long long B, const long long H, const long long C) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (B + BM - 1) / BM, THREADS * ((C + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k1(
+          hidden, w2, b2, logits, B, H, C, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- train_step_k2: launch k2 of train_step: the library's log_softmax
 // grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ t3,
@@ -573,6 +711,25 @@ inline void train_step_k2(const float* __restrict__ logits, float* __restrict__ 
   }
 }
 
+// ---- train_step_k2_submit: submits train_step_k2 to `queue` after the event `done`
+inline sycl::event train_step_k2_submit(
+    sycl::queue& queue, const sycl::event& done, const float* logits, float* t3, const long long B,
+    const long long C) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((B + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k2(
+          logits, t3, B, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- train_step_k3: launch k3 of train_step: the library's row_sum
 // grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k3(const float* __restrict__ target, const float* __restrict__ t3,
@@ -594,6 +751,26 @@ inline void train_step_k3(const float* __restrict__ target, const float* __restr
   for (int e = 0; e < BM; ++e) {
     if (e == lid && BM*pid_m + e < B) t5[BM*pid_m + e] = row_sum[e];
   }
+}
+
+// ---- train_step_k3_submit: submits train_step_k3 to `queue` after the event `done`
+inline sycl::event train_step_k3_submit(
+    sycl::queue& queue, const sycl::event& done, const float* target, const float* t3, float* t5,
+    const long long B, const long long C) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((B + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k3(
+          target, t3, t5, B, C, it,
+              tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- train_step_k4: launch k4 of train_step: the library's row_mean
@@ -628,6 +805,22 @@ inline void train_step_k4(const float* __restrict__ t5, float* __restrict__ t8, 
   }
 }
 
+// ---- train_step_k4_submit: submits train_step_k4 to `queue` after the event `done`
+inline sycl::event train_step_k4_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t5, float* t8, const long long B) {
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS);
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k4(t5, t8, B, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- train_step_k5: launch k5 of train_step: the library's elementwise
 // grid [pid_m < ceil(1/BM)], 256 threads per program
 inline void train_step_k5(const float* __restrict__ t8, float* __restrict__ out0,
@@ -640,6 +833,20 @@ inline void train_step_k5(const float* __restrict__ t8, float* __restrict__ out0
   for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < 1) out0[BM*pid_m + e] = ((t8[BM*pid_m + e]) * 1.0f);
   }
+}
+
+// ---- train_step_k5_submit: submits train_step_k5 to `queue` after the event `done`
+inline sycl::event train_step_k5_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t8, float* out0) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS);
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k5(t8, out0, it);
+    });
+  });
 }
 
 // ---- train_step_k6: launch k6 of train_step: the library's elementwise
@@ -655,6 +862,20 @@ inline void train_step_k6(const float* __restrict__ t8, float* __restrict__ t12,
     if (BM*pid_m + e < 1) t12[BM*pid_m + e] =
         (-(((t8[BM*pid_m + e]) == (t8[BM*pid_m + e])) ? 1.0f : 1.0f));
   }
+}
+
+// ---- train_step_k6_submit: submits train_step_k6 to `queue` after the event `done`
+inline sycl::event train_step_k6_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t8, float* t12) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS);
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k6(t8, t12, it);
+    });
+  });
 }
 
 // ---- train_step_k7: launch k7 of train_step: the library's elementwise
@@ -673,6 +894,22 @@ inline void train_step_k7(const float* __restrict__ t5, const float* __restrict_
   }
 }
 
+// ---- train_step_k7_submit: submits train_step_k7 to `queue` after the event `done`
+inline sycl::event train_step_k7_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t5, const float* t12, float* t16,
+    const long long B) {
+  constexpr int BM = 1024;
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * ((B + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k7(t5, t12, t16, B, it);
+    });
+  });
+}
+
 // ---- train_step_k8: launch k8 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k8(const float* __restrict__ t16, const float* __restrict__ target,
@@ -688,6 +925,22 @@ inline void train_step_k8(const float* __restrict__ t16, const float* __restrict
       if (row < B) t18[row * C + j] = ((t16[row * 1 + 0]) * (target[row * C + j]));
     }
   }
+}
+
+// ---- train_step_k8_submit: submits train_step_k8 to `queue` after the event `done`
+inline sycl::event train_step_k8_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t16, const float* target, float* t18,
+    const long long B, const long long C) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * ((B + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k8(t16, target, t18, B, C, it);
+    });
+  });
 }
 
 // ---- train_step_k9: launch k9 of train_step: the library's log_softmax_grad
@@ -715,6 +968,25 @@ inline void train_step_k9(const float* __restrict__ t3, const float* __restrict_
           ((t18[row * C + j]) - ((sycl::exp((t3[row * C + j]))) * row_sum[i]));
     }
   }
+}
+
+// ---- train_step_k9_submit: submits train_step_k9 to `queue` after the event `done`
+inline sycl::event train_step_k9_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t3, const float* t18, float* t19,
+    const long long B, const long long C) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((B + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k9(
+          t3, t18, t19, B, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- train_step_k10: launch k10 of train_step: the library's transpose
@@ -756,6 +1028,27 @@ inline void train_step_k10(const float* __restrict__ t19, float* __restrict__ t2
   }
 }
 
+// ---- train_step_k10_submit: submits train_step_k10 to `queue` after the event `done`
+inline sycl::event train_step_k10_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t19, float* t20, const long long B,
+    const long long C) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 1024;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (C + BM - 1) / BM, THREADS * ((B + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k10(
+          t19, t20, B, C, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- train_step_k11: launch k11 of train_step: the library's row_sum
 // grid [pid_m < ceil(C/BM)], 128 threads per program
 inline void train_step_k11(const float* __restrict__ t20, const float lr,
@@ -781,6 +1074,26 @@ inline void train_step_k11(const float* __restrict__ t20, const float lr,
   for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
+}
+
+// ---- train_step_k11_submit: submits train_step_k11 to `queue` after the event `done`
+inline sycl::event train_step_k11_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t20, const float lr, const float* b2,
+    float* out4, const long long C, const long long B) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((C + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k11(
+          t20, lr, b2, out4, C, B, it,
+          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- train_step_k12: launch k12 of train_step: the library's gemm_nt
@@ -866,6 +1179,27 @@ inline void train_step_k12(const float* __restrict__ t19, const float* __restric
   }
 }
 
+// ---- train_step_k12_submit: submits train_step_k12 to `queue` after the event `done`
+inline sycl::event train_step_k12_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t19, const float* w2, float* t21,
+    const long long B, const long long C, const long long H) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (B + BM - 1) / BM, THREADS * ((H + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k12(
+          t19, w2, t21, B, C, H, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- train_step_k13: launch k13 of train_step: the library's transpose
 // grid [pid_n < ceil(B/BN), pid_m < ceil(H/BM)], 128 threads per program
 inline void train_step_k13(const float* __restrict__ hidden, float* __restrict__ t22,
@@ -903,6 +1237,27 @@ inline void train_step_k13(const float* __restrict__ hidden, float* __restrict__
     if (row < H && col < B) t22[row * B + col] =
         (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
+}
+
+// ---- train_step_k13_submit: submits train_step_k13 to `queue` after the event `done`
+inline sycl::event train_step_k13_submit(
+    sycl::queue& queue, const sycl::event& done, const float* hidden, float* t22,
+    const long long B, const long long H) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 1024;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (H + BM - 1) / BM, THREADS * ((B + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k13(
+          hidden, t22, B, H, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- train_step_k14: launch k14 of train_step: the library's gemm
@@ -991,6 +1346,28 @@ inline void train_step_k14(const float* __restrict__ t22, const float* __restric
   }
 }
 
+// ---- train_step_k14_submit: submits train_step_k14 to `queue` after the event `done`
+inline sycl::event train_step_k14_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t22, const float* t19,
+    const float lr, const float* w2, float* out3, const long long H, const long long B,
+    const long long C) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (H + BM - 1) / BM, THREADS * ((C + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k14(
+          t22, t19, lr, w2, out3, H, B, C, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- train_step_k15: launch k15 of train_step: the library's elementwise
 // grid [pid_m < ceil(B/BM)], 128 threads per program
 inline void train_step_k15(const float* __restrict__ hidden, const float* __restrict__ t21,
@@ -1007,6 +1384,22 @@ inline void train_step_k15(const float* __restrict__ hidden, const float* __rest
           ((t21[row * H + j]) * (1.0f - ((hidden[row * H + j]) * (hidden[row * H + j]))));
     }
   }
+}
+
+// ---- train_step_k15_submit: submits train_step_k15 to `queue` after the event `done`
+inline sycl::event train_step_k15_submit(
+    sycl::queue& queue, const sycl::event& done, const float* hidden, const float* t21, float* t25,
+    const long long B, const long long H) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * ((B + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k15(hidden, t21, t25, B, H, it);
+    });
+  });
 }
 
 // ---- train_step_k16: launch k16 of train_step: the library's transpose
@@ -1048,6 +1441,27 @@ inline void train_step_k16(const float* __restrict__ t25, float* __restrict__ t2
   }
 }
 
+// ---- train_step_k16_submit: submits train_step_k16 to `queue` after the event `done`
+inline sycl::event train_step_k16_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t25, float* t26, const long long B,
+    const long long H) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 1024;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (H + BM - 1) / BM, THREADS * ((B + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k16(
+          t25, t26, B, H, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- train_step_k17: launch k17 of train_step: the library's row_sum
 // grid [pid_m < ceil(H/BM)], 128 threads per program
 inline void train_step_k17(const float* __restrict__ t26, const float lr,
@@ -1073,6 +1487,26 @@ inline void train_step_k17(const float* __restrict__ t26, const float lr,
   for (long long e = lid; e < BM; e += THREADS) {
     if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
+}
+
+// ---- train_step_k17_submit: submits train_step_k17 to `queue` after the event `done`
+inline sycl::event train_step_k17_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t26, const float lr, const float* b1,
+    float* out2, const long long H, const long long B) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, 1, THREADS * ((H + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k17(
+          t26, lr, b1, out2, H, B, it,
+          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- train_step_k18: launch k18 of train_step: the library's transpose
@@ -1112,6 +1546,27 @@ inline void train_step_k18(const float* __restrict__ x, float* __restrict__ t27,
     if (row < D && col < B) t27[row * B + col] =
         (operand_smem[j * BM + (i / 4 ^ j % 8) * 4 + i % 4]);
   }
+}
+
+// ---- train_step_k18_submit: submits train_step_k18 to `queue` after the event `done`
+inline sycl::event train_step_k18_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, float* t27, const long long B,
+    const long long D) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 1024;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (D + BM - 1) / BM, THREADS * ((B + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k18(
+          x, t27, B, D, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- train_step_k19: launch k19 of train_step: the library's gemm
@@ -1200,6 +1655,28 @@ inline void train_step_k19(const float* __restrict__ t27, const float* __restric
   }
 }
 
+// ---- train_step_k19_submit: submits train_step_k19 to `queue` after the event `done`
+inline sycl::event train_step_k19_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t27, const float* t25,
+    const float lr, const float* w1, float* out1, const long long D, const long long B,
+    const long long H) {
+  constexpr int BM = 64;
+  constexpr int BN = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(1, (D + BM - 1) / BM, THREADS * ((H + BN - 1) / BN));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      train_step_k19(
+          t27, t25, lr, w1, out1, D, B, H, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- loss: the host function of loss, on `queue`: tensors are USM
 // device pointers; it returns when every launch is done.
 inline void loss(
@@ -1211,57 +1688,11 @@ inline void loss(
   float* const t4 = static_cast<float*>(sycl::malloc_device(4*B*C, queue));
   float* const t5 = static_cast<float*>(sycl::malloc_device(4*B, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (B + 63) / 64, 128 * ((H + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      loss_k0(
-          x, w1, b1, hidden, B, D, H, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (B + 63) / 64, 128 * ((C + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      loss_k1(
-          hidden, w2, b2, logits, B, H, C, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((B + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      loss_k2(
-          logits, target, t4, B, C, it,
-          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((B + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      loss_k3(t4, t5, B, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((1 + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      loss_k4(t5, out, B, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = loss_k0_submit(queue, done, x, w1, b1, hidden, B, D, H);
+  done = loss_k1_submit(queue, done, hidden, w2, b2, logits, B, H, C);
+  done = loss_k2_submit(queue, done, logits, target, t4, B, C);
+  done = loss_k3_submit(queue, done, t4, t5, B, C);
+  done = loss_k4_submit(queue, done, t5, out, B);
   done.wait();
   sycl::free(hidden, queue);
   sycl::free(logits, queue);
@@ -1292,207 +1723,26 @@ inline void train_step(
   float* const t26 = static_cast<float*>(sycl::malloc_device(4*B*H, queue));
   float* const t27 = static_cast<float*>(sycl::malloc_device(4*B*D, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (B + 63) / 64, 128 * ((H + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k0(
-          x, w1, b1, hidden, B, D, H, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (B + 63) / 64, 128 * ((C + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k1(
-          hidden, w2, b2, logits, B, H, C, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((B + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k2(
-          logits, t3, B, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((B + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k3(
-          target, t3, t5, B, C, it,
-              tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((1 + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k4(t5, t8, B, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 256 * ((1 + 1023) / 1024));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k5(t8, out0, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 256 * ((1 + 1023) / 1024));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k6(t8, t12, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 256 * ((B + 1023) / 1024));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k7(t5, t12, t16, B, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 128 * ((B + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k8(t16, target, t18, B, C, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((B + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k9(
-          t3, t18, t19, B, C, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1024), cgh);
-    const sycl::range<3> global(1, (C + 63) / 64, 128 * ((B + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k10(
-          t19, t20, B, C, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((C + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k11(
-          t20, lr, b2, out4, C, B, it,
-          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (B + 63) / 64, 128 * ((H + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k12(
-          t19, w2, t21, B, C, H, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1024), cgh);
-    const sycl::range<3> global(1, (H + 63) / 64, 128 * ((B + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k13(
-          hidden, t22, B, H, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (H + 63) / 64, 128 * ((C + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k14(
-          t22, t19, lr, w2, out3, H, B, C, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 128 * ((B + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k15(hidden, t21, t25, B, H, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1024), cgh);
-    const sycl::range<3> global(1, (H + 63) / 64, 128 * ((B + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k16(
-          t25, t26, B, H, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, 1, 128 * ((H + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k17(
-          t26, lr, b1, out2, H, B, it,
-          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1024), cgh);
-    const sycl::range<3> global(1, (D + 63) / 64, 128 * ((B + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k18(
-          x, t27, B, D, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(1, (D + 63) / 64, 128 * ((H + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      train_step_k19(
-          t27, t25, lr, w1, out1, D, B, H, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = train_step_k0_submit(queue, done, x, w1, b1, hidden, B, D, H);
+  done = train_step_k1_submit(queue, done, hidden, w2, b2, logits, B, H, C);
+  done = train_step_k2_submit(queue, done, logits, t3, B, C);
+  done = train_step_k3_submit(queue, done, target, t3, t5, B, C);
+  done = train_step_k4_submit(queue, done, t5, t8, B);
+  done = train_step_k5_submit(queue, done, t8, out0);
+  done = train_step_k6_submit(queue, done, t8, t12);
+  done = train_step_k7_submit(queue, done, t5, t12, t16, B);
+  done = train_step_k8_submit(queue, done, t16, target, t18, B, C);
+  done = train_step_k9_submit(queue, done, t3, t18, t19, B, C);
+  done = train_step_k10_submit(queue, done, t19, t20, B, C);
+  done = train_step_k11_submit(queue, done, t20, lr, b2, out4, C, B);
+  done = train_step_k12_submit(queue, done, t19, w2, t21, B, C, H);
+  done = train_step_k13_submit(queue, done, hidden, t22, B, H);
+  done = train_step_k14_submit(queue, done, t22, t19, lr, w2, out3, H, B, C);
+  done = train_step_k15_submit(queue, done, hidden, t21, t25, B, H);
+  done = train_step_k16_submit(queue, done, t25, t26, B, H);
+  done = train_step_k17_submit(queue, done, t26, lr, b1, out2, H, B);
+  done = train_step_k18_submit(queue, done, x, t27, B, D);
+  done = train_step_k19_submit(queue, done, t27, t25, lr, w1, out1, D, B, H);
   done.wait();
   sycl::free(hidden, queue);
   sycl::free(logits, queue);

@@ -98,9 +98,11 @@ _ELEMENTWISE = frozenset(
 )
 #: The names of the instructions' and the schedule's numbers (``named``), in the order a
 #: kernel declares them: the Grid's threads and the rows of a thread's register block, a
-#: warp's part of a product, an MMA's shape, registers and rows per lane, a ``wgmma``'s
-#: rows and step.
-NUMBERS = ("TX", "TY", "RM", "WARP_M", "WARP_N", "MMA_K", "WGMMA_M", "WGMMA_K")  # fmt: skip
+#: warp's part of a product, an MMA's shape, registers and rows per lane, a warpgroup's
+#: threads, a ``wgmma``'s rows and step, and the elements of a row of a 128-byte swizzle
+#: panel.
+NUMBERS = ("TX", "TY", "RM", "WARP_M", "WARP_N", "MMA_K", "WARPGROUP", "WGMMA_M", "WGMMA_K",
+           "PANEL")  # fmt: skip
 #: The target's numbers, which the tile header declares once per file (``tessera_tile.j2``):
 #: a warp's lanes, a copy's chunk, the shape of its matrix instructions' accumulator
 #: fragment (``FragmentShape``: its rows and columns, a lane's registers and rows of it).

@@ -24,6 +24,7 @@ one definition of where element ``(i, j)`` of a slot lives in each of them.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import field
@@ -35,11 +36,13 @@ from ..schedule.hardware import GRID_COLUMNS
 __all__ = ["NotLowered", "Flat", "Grid", "Rows", "FragmentShape", "MFMA_32X32", "MMA_16X8",
            "Fragments", "FragmentRows", "rows_of", "parenthesized", "Distribution", "Form",
            "Element", "CHUNK_BYTES", "FRAGMENT_SHAPES", "grid_for", "rows_for", "smem_index",
-           "sw128_panel"]  # fmt: skip
+           "sw128_panel", "product", "WARPGROUP"]  # fmt: skip
 
 #: The XOR swizzle permutes 16-byte chunks within groups of at most 8.
 CHUNK_BYTES = 16
 _SWIZZLE_GROUP = 8
+#: Warps of a ``wgmma`` warpgroup, which the Tile IR counts as one.
+WARPGROUP = 4
 
 
 class NotLowered(Exception):
@@ -282,11 +285,13 @@ def smem_index(
     j: str,
     extents: tuple[str, str] | None = None,
     chunk: str | None = None,
+    panel: str | None = None,
 ) -> str:
     """The element offset of ``(i, j)`` in slot ``slot`` of a ``[rows, cols]`` buffer;
     ``extents`` are its rows and columns as the code prints them (``BM``, ``BK``: the
-    tiles they are), and ``chunk`` the elements of a 16-byte chunk (``CHUNK_BYTES`` of
-    1-byte elements), the numbers where not given.
+    tiles they are), ``chunk`` the elements of a 16-byte chunk (``CHUNK_BYTES`` of
+    1-byte elements) and ``panel`` those of a row of a ``sw128`` panel (``PANEL``), the
+    numbers where not given.
 
     ``row-major`` and ``padded +P`` (rows ``cols + P`` elements apart) are plain. In
     ``xor``, 16-byte chunk ``k`` of row ``i`` is stored at chunk ``k ^ (i % g)``, where
@@ -296,9 +301,9 @@ def smem_index(
     """
     rows, cols = (d.constant for d in dims[-2:]) if len(dims) > 1 else (1, dims[0].constant)
     assert rows is not None and cols is not None
-    if layout == "sw128":
-        return _sw128_index(rows, cols, bits, slot, i, j)
     c_rows, c_cols = extents or (str(rows), str(cols))
+    if layout == "sw128":
+        return _sw128_index((rows, c_rows), (cols, c_cols), bits, slot, i, j, panel, chunk)
     stride = c_cols
     if layout.startswith("padded"):
         pad = int(layout.removeprefix("padded +"))
@@ -330,17 +335,38 @@ def sw128_panel(bits: int) -> int:
     return 128 * 8 // bits
 
 
-def _sw128_index(rows: int, cols: int, bits: int, slot: str, i: str, j: str) -> str:
-    panel, per_chunk = sw128_panel(bits), CHUNK_BYTES * 8 // bits
-    assert cols % panel == 0 and rows % _SWIZZLE_GROUP == 0, (rows, cols)
+def _sw128_index(
+    rows: tuple[int, str],
+    cols: tuple[int, str],
+    bits: int,
+    slot: str,
+    i: str,
+    j: str,
+    panel: str | None,
+    chunk: str | None,
+) -> str:
+    """``smem_index`` in ``sw128``, of a buffer of ``rows`` and ``cols`` (each the number
+    and its printed form), whose panel rows and 16-byte chunks are ``panel`` and
+    ``chunk`` elements as printed."""
+    width, per_chunk = sw128_panel(bits), chunk or str(CHUNK_BYTES * 8 // bits)
+    assert cols[0] % width == 0 and rows[0] % _SWIZZLE_GROUP == 0, (rows, cols)
+    panel = panel or str(width)
     i, j = parenthesized(i), parenthesized(j)
-    within = f"{j} % {panel}" if cols > panel else j
-    chunk = f"({within} / {per_chunk} ^ {i} % {_SWIZZLE_GROUP})"
-    terms = [] if slot == "0" else [f"{parenthesized(slot)} * {rows * cols}"]
-    if cols > panel:
-        terms.append(f"{j} / {panel} * {rows * panel}")
-    terms += [f"{i} * {panel}", f"{chunk} * {per_chunk}", f"{j} % {per_chunk}"]
+    within = f"{j} % {panel}" if cols[0] > width else j
+    swizzled = f"({within} / {per_chunk} ^ {i} % {_SWIZZLE_GROUP})"
+    terms = [] if slot == "0" else [f"{parenthesized(slot)} * {product(rows, cols)}"]
+    if cols[0] > width:
+        terms.append(f"{j} / {panel} * {product(rows, (width, panel))}")
+    terms += [f"{i} * {panel}", f"{swizzled} * {per_chunk}", f"{j} % {per_chunk}"]
     return " + ".join(terms)
+
+
+def product(*factors: tuple[int, str]) -> str:
+    """The product of ``factors`` (each a number and its printed form): the number where
+    every one is printed as its number, else their names (``BK*PANEL``)."""
+    if all(text.isdigit() for _, text in factors):
+        return str(math.prod(value for value, _ in factors))
+    return "*".join(parenthesized(text) for _, text in factors)
 
 
 def parenthesized(expr: str) -> str:

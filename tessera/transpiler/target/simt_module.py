@@ -32,7 +32,14 @@ from .simt_dialect import Dialect
 from .simt_kernel import NotLowered, SimtKernel, emit_simt_kernel
 from .simt_layout import FRAGMENT_SHAPES
 from .simt_tiles import WGMMA_FORMS
-from .sycl_launcher import Launcher, debug_host_code, launcher, launcher_view
+from .sycl_launcher import (
+    LAUNCHER_NAMES,
+    Launcher,
+    debug_host_code,
+    launcher,
+    launcher_view,
+    submit_function,
+)
 from .wrap import wrap_lines
 
 __all__ = ["SimtModule", "emit_simt", "BUILD_OPTIONS"]
@@ -74,22 +81,17 @@ class _KernelView:
         # a tensor whose data no statement reads (pad's ``like``, which gives only a row
         # length) keeps its place, unnamed
         read = names_used((*simt.prologue, *simt.body))
-        self.params = [
-            _param_decl(p, d, p.name in read or not d.unnamed_parameters) for p in simt.params
-        ]
+        self.params = self._params(simt, d, read, {})
         #: Parameters that OpenCL C names although no statement reads them.
         self.unread = [
             p.name for p in simt.params if p.name not in read and not d.unnamed_parameters
         ]
-        self.params += [f"const {d.index_type} {simt.sizes[dim]}" for dim in self.dims]
-        self.params += [
-            f"const __grid_constant__ tsr_tensor_map {m.name}" for m in simt.tensor_maps
-        ]
-        if simt.checked:  # a debug build's fault record
-            self.params.append(d.pointer.format(const="", type=d.index_type, name=FAULT))
         if d.launched_locals:  # SYCL: the work-item, and the shared arrays of the launch
             self.params.append("const sycl::nd_item<3>& it")
             self.params += [f"{ctype}* {name}" for ctype, name, _, _ in simt.locals]
+        #: SYCL: the function that submits the kernel (``sycl_launcher``), and its lines.
+        self.submit = ""
+        self.submit_lines: list[str] = []
         self.tensor_maps = simt.tensor_maps
         self.tma_ranks = simt.tma_ranks
         self.smem_bytes = simt.smem_bytes
@@ -111,6 +113,42 @@ class _KernelView:
         # whose sizes are no uses (``reshape("B", "S", C)``).
         used = body_names | names_used((*simt.prologue, *self.pids))
         self.unused = [s for s in simt.sizes.values() if s not in used]
+
+    def _params(
+        self, simt: SimtKernel, d: Dialect, read: set[str] | None, names: dict[str, str]
+    ) -> list[str]:
+        """The declarations of the kernel's tensors, scalars, sizes, tensor maps and
+        fault record: a tensor outside ``read`` unnamed where the dialect allows it.
+        Where ``read`` is None, those of a host function that passes them on: every
+        one named (by ``names``, where it renames it), its pointers plain."""
+        pointer = "{const}{type}* {name}" if read is None else d.pointer
+        params = [
+            _param_decl(p, d, read is None or p.name in read or not d.unnamed_parameters,
+                        pointer, names.get(p.name, p.name))
+            for p in simt.params
+        ]  # fmt: skip
+        sizes = (simt.sizes[dim] for dim in self.dims)
+        params += [f"const {d.index_type} {names.get(s, s)}" for s in sizes]
+        params += [f"const __grid_constant__ tsr_tensor_map {m.name}" for m in simt.tensor_maps]
+        if simt.checked:  # a debug build's fault record
+            params.append(pointer.format(const="", type=d.index_type, name=names.get(FAULT, FAULT)))
+        return params
+
+    def with_submit(self, name: str, d: Dialect) -> None:
+        """Gives the kernel its submit function ``name`` (SYCL), whose parameters are the
+        kernel's, renamed where the function's own names (``queue``, ``cgh``) have them."""
+        simt = self.simt
+        namer = Namer(LAUNCHER_NAMES | C_LIBRARY | GPU_BUILTINS | {self.name}
+                      | {local for _, local, _, _ in simt.locals})  # fmt: skip
+        passed = [p.name for p in simt.params] + [simt.sizes[dim] for dim in self.dims]
+        passed += [FAULT] if simt.checked else []
+        names = {n: namer.fresh(n, "arg") for n in passed}
+        sizes = {dim: names.get(printed, printed) for dim, printed in simt.sizes.items()}
+        self.submit = name
+        self.submit_lines = submit_function(
+            name, self.name, self._params(simt, d, None, names), list(names.values()), simt,
+            self.launch_grid, sizes,
+        )  # fmt: skip
 
 
 def _launch_grid(grid: tuple[tuple[str, Dim, int], ...]) -> list[tuple[Dim, int]]:
@@ -171,11 +209,12 @@ def _operand(dim: Dim, sizes: dict[str, str]) -> str:
     return text if text.isidentifier() or text.isdigit() else f"({text})"
 
 
-def _param_decl(p: Any, d: Dialect, named: bool = True) -> str:
-    name = param_name(p.name, named)
+def _param_decl(p: Any, d: Dialect, named: bool, pointer: str, name: str) -> str:
+    """``p``'s declaration under ``name``; a tensor's in the form ``pointer``."""
+    name = param_name(name, named)
     if p.kind == "tensor":
         const = "" if p.written else "const "
-        return d.pointer.format(const=const, type=d.storage[p.dtype], name=name)
+        return pointer.format(const=const, type=d.storage[p.dtype], name=name)
     return f"const {d.scalar_types[p.dtype]} {name}"
 
 
@@ -214,6 +253,8 @@ def emit_simt(
                 clash = hosts and kernel.name == program.host.function
                 wanted = f"{kernel.name}_{kernel.launch}" if clash else kernel.name
                 views[kernel.name] = _KernelView(kernel, simt, d, namer.fresh(wanted))
+                if d.launched_locals:
+                    views[kernel.name].with_submit(namer.fresh(f"{wanted}_submit"), d)
                 _check_shared_memory(simt, hw)
             except NotLowered as exc:
                 where = f"{program.host.span}: " if program.host.span is not None else ""
@@ -268,7 +309,7 @@ def _launchers(
     ``sentinels`` (a debug build): each kernel's line, for its NaN/Inf sentinel."""
     file_names = frozenset(namer.used)
     return [
-        launcher(program, [(views[k.name].name, views[k.name].simt, views[k.name].launch_grid)
+        launcher(program, [(views[k.name].name, views[k.name].submit, views[k.name].simt)
                            for k in program.kernels], d, hosts[program.host.function],
                  file_names, sentinels)
         for program in module.programs

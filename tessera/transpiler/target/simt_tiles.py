@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import field, replace
+from typing import Any
 
 from ...frozen import frozen
 from ..graph.dims import Dim
@@ -28,6 +29,7 @@ from .simt_layout import (
     CHUNK_BYTES,
     MFMA_32X32,
     MMA_16X8,
+    WARPGROUP,
     Element,
     Flat,
     Form,
@@ -38,12 +40,13 @@ from .simt_layout import (
     Rows,
     grid_for,
     parenthesized,
+    product,
     rows_of,
     smem_index,
     sw128_panel,
 )
 
-__all__ = ["TileOps", "SmemView", "wgmma_start", "wgmma_strides", "WGMMA_FORMS"]
+__all__ = ["TileOps", "SmemView", "wgmma_start", "wgmma_leading", "WGMMA_FORMS"]
 
 #: The 32x32 MFMA instructions of CDNA: the reduction step of one instruction, the
 #: type of one lane's operand fragment, the dtype it multiplies, and how an element
@@ -64,8 +67,6 @@ _MMA_SYNC = {
     "f16": ("tsr_mma_m16n8k16_f16", "tsr_float_to_f16({x})"),
     "tf32": ("tsr_mma_m16n8k8_tf32", "__float_as_uint({x})"),
 }
-#: Warps of a ``wgmma`` warpgroup, which the Tile IR counts as one.
-_WARPGROUP = 4
 #: Rows of a ``wgmma`` product per warpgroup, and its step along k for 16-bit operands.
 _WGMMA_M, _WGMMA_K = 64, 16
 #: The ``wgmma`` forms by operand dtype: the step along k (32 bytes of each operand row),
@@ -122,30 +123,41 @@ class SmemView:
         return (role == "a") != self.transposed
 
 
-def wgmma_strides(view: SmemView, k_major: bool) -> tuple[int, int]:
-    """The leading and stride byte offsets of a ``wgmma`` descriptor for an ``sw128``
-    operand. Eight rows of a panel (1024 bytes) are the stride step either way round;
-    an MN-major operand's next panel along m or n is the leading step, and a K-major
-    one has none (a k step of 16 stays within one 128-byte row), so it takes 16."""
-    return (16 if k_major else view.rows * 128), 8 * 128
+def wgmma_leading(view: SmemView, k_major: bool, panel: str) -> str | None:
+    """The leading byte offset of a ``wgmma`` descriptor for an ``sw128`` operand, as
+    the code prints it (``BK*PANEL*2``, where ``panel`` is ``PANEL``): an MN-major
+    operand's next panel along m or n; a K-major one has none (a k step of 16 stays
+    within one 128-byte row), and leaves it to the header's default (None). The stride
+    step, eight rows of a panel (1024 bytes), is the same either way round: the
+    header's."""
+    if k_major:
+        return None
+    rows = view.extents[0] if view.extents else str(view.rows)
+    return product(
+        (view.rows, rows), (sw128_panel(view.bits), panel), (view.bits // 8, str(view.bits // 8))
+    )
 
 
-def wgmma_start(view: SmemView, k_major: bool, kk: str, mn0: str) -> str:
+def wgmma_start(view: SmemView, k_major: bool, kk: str, mn0: str, panel: str) -> str:
     """The element offset where a ``wgmma`` step at reduction index ``kk`` starts, for
     the part of the operand from row (column) ``mn0`` of its m (n) axis: the buffer's
     element ``(mn0, kk)`` (K-major) or ``(kk, mn0)`` (MN-major) before the swizzle,
-    which ``mn0`` and ``kk``, multiples of 8, leave where it is."""
-    panel = sw128_panel(view.bits)
-    terms = [] if view.slot == "0" else [f"{parenthesized(view.slot)} * {view.rows * view.cols}"]
+    which ``mn0`` and ``kk``, multiples of 8, leave where it is. ``panel`` is the
+    elements of a panel's row as printed (``PANEL``)."""
+    width = sw128_panel(view.bits)
+    rows, cols = view.extents or (str(view.rows), str(view.cols))
+    tile = product((view.rows, rows), (view.cols, cols))
+    rows_panel = product((view.rows, rows), (width, panel))
+    terms = [] if view.slot == "0" else [f"{parenthesized(view.slot)} * {tile}"]
     if k_major:
-        if view.cols > panel:
-            terms.append(f"{kk} / {panel} * {view.rows * panel}")
+        if view.cols > width:
+            terms.append(f"{kk} / {panel} * {rows_panel}")
         if mn0 != "0":
             terms.append(f"{parenthesized(mn0)} * {panel}")
         terms.append(f"{kk} % {panel}")
     else:
-        if view.cols > panel and mn0 != "0":
-            terms.append(f"{parenthesized(mn0)} / {panel} * {view.rows * panel}")
+        if view.cols > width and mn0 != "0":
+            terms.append(f"{parenthesized(mn0)} / {panel} * {rows_panel}")
         terms.append(f"{kk} * {panel}")
     return " + ".join(terms)
 
@@ -216,11 +228,12 @@ class TileOps:
         extents = tuple(d.constant for d in t.dims[-2:])
         name = self.forms[buf.id].name
         named, chunk = self.smem_extents(t), self.chunk_elements(t.dtype.bits)
+        panel = self.panel(t.dtype.bits) if layout == "sw128" else None
 
         def element(index: tuple[str, ...]) -> str:
             index = self.shared_coords(op, name, extents, index)
             i, j = index if len(index) == 2 else ("0", index[0])
-            return smem_index(layout, t.dims, t.dtype.bits, at, i, j, named, chunk)
+            return smem_index(layout, t.dims, t.dtype.bits, at, i, j, named, chunk, panel)
 
         return element
 
@@ -230,6 +243,14 @@ class TileOps:
         number of wider ones."""
         per = CHUNK_BYTES * 8 // bits
         return self.named("CHUNK_BYTES", CHUNK_BYTES) if per == CHUNK_BYTES else str(per)
+
+    def panel(self, bits: int) -> str:
+        """The elements of ``bits`` in a row of a ``sw128`` panel (128 bytes) by the
+        name the kernel declares, ``PANEL``; the number where the kernel's panels
+        differ in it (buffers of two element sizes)."""
+        width = sw128_panel(bits)
+        held = self.numbers.get("PANEL")
+        return str(width) if held is not None and held[0] != width else self.named("PANEL", width)
 
     def smem_extents(self, t: SharedType) -> tuple[str, str]:
         """The rows and columns of a slot of a shared buffer of type ``t``, as the code
@@ -271,11 +292,28 @@ class TileOps:
         if when is None:
             return None
         # the start of the tile it copies, along the axis whose offset it is
-        size = next((a.size for a in copy.attr("at").axes if a.offset == when.start), None)
+        at: Access = copy.attr("at")
+        units = self.axis_units(at, copy.operands[1].type)
+        size = next((u for a, u in zip(at.axes, units, strict=True) if a.offset == when.start),
+                    None)  # fmt: skip
         live = f"{self.c(when.start, size)} < {self.c(when.extent)}"
         if when.stop is not None:
             live += f" && {self.c(when.stop[0])} < {self.c(when.stop[1])}"
         return live
+
+    def axis_units(self, at: Access, t: Any) -> list[Dim | None]:
+        """The tile that each axis of an access to a tile of type ``t`` steps in: the
+        name of the schedule's tile where ``t`` says its dim is one (``BK``, though
+        ``BM`` has the same size), else the axis's size; None along an indexed axis."""
+        tiles = iter(self.constants.shape(t))
+        units: list[Dim | None] = []
+        for axis in at.axes:
+            if axis.index:
+                units.append(None)
+                continue
+            name = next(tiles, None)
+            units.append(axis.size if name is None or name.constant is not None else name)
+        return units
 
     def copy_elements(self, op: Op) -> None:
         tensor, buf = op.operands
@@ -448,7 +486,7 @@ class TileOps:
             shape = MFMA_32X32
         elif _mma_sync_dtype(mma.inst) is not None:
             shape = MMA_16X8
-            wm *= _WARPGROUP if mma.inst.startswith("wgmma") else 1
+            wm *= WARPGROUP if mma.inst.startswith("wgmma") else 1
         else:
             raise NotLowered(f"the matrix instruction {mma.inst}")
         if not covers((shape.m, shape.n), rows, cols, (wm, wn)):
@@ -627,9 +665,12 @@ class TileOps:
     def descriptor(self, view: SmemView, role: str, kk: str, mn0: str) -> str:
         """A ``wgmma`` matrix descriptor of ``view`` for the step at ``kk``."""
         k_major = view.k_major(role)
-        leading, stride = wgmma_strides(view, k_major)
-        start = wgmma_start(view, k_major, kk, mn0)
-        return f"tsr_wgmma_desc({view.name} + {start}, {leading}, {stride})"
+        panel = self.panel(view.bits)
+        leading = wgmma_leading(view, k_major, panel)
+        start = f"{view.name} + {wgmma_start(view, k_major, kk, mn0, panel)}"
+        return (
+            f"tsr_wgmma_desc({start})" if leading is None else f"tsr_wgmma_desc({start}, {leading})"
+        )
 
     def wgmma_product(
         self,
@@ -658,7 +699,7 @@ class TileOps:
         n = dist.cols
         self.wgmma.add((dtype, n, form))
         self.place_in_wave()
-        rows = f"wave / {_WARPGROUP} * {self.named('WGMMA_M', _WGMMA_M)}"
+        rows = f"wave / {WARPGROUP} * {self.named('WGMMA_M', _WGMMA_M)}"
         b_desc = self.descriptor(b, "b", "kk", "0")
         trans_b = int(not b.k_major("b"))
         self.line("tsr_wgmma_fence();")
@@ -811,7 +852,9 @@ class TileOps:
         dims = (Dim.const(view.rows), Dim.const(view.cols))
         i, j = self.shared_coords(view.read, view.name, (view.rows, view.cols), (i, j))
         chunk = self.chunk_elements(view.bits)
-        place = smem_index(view.layout, dims, view.bits, view.slot, i, j, view.extents, chunk)
+        panel = self.panel(view.bits) if view.layout == "sw128" else None
+        place = smem_index(view.layout, dims, view.bits, view.slot, i, j, view.extents, chunk,
+                           panel)  # fmt: skip
         self.line(f"tsr_ldmatrix_x{count}{trans}({frag}, {view.name} + {parenthesized(place)});")
 
     def a_fragment(self, frag: str, a: Element, row: str, k: str) -> None:

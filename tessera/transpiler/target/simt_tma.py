@@ -36,7 +36,7 @@ from dataclasses import replace
 from ...frozen import frozen
 from ..graph.ir import Block, Op, Value
 from ..tile.ir import Access, Slot
-from .simt_layout import parenthesized, sw128_panel
+from .simt_layout import WARPGROUP, parenthesized, product, sw128_panel
 
 __all__ = ["TensorMap", "TmaCopies"]
 
@@ -123,9 +123,11 @@ class TmaCopies:
             self.line("// one arrival per stage: thread 0's, announcing the bytes its copies bring")
         self.open("if (lid == 0)")
         for stage in range(stages):
-            self.line(f"tsr_mbarrier_init(tsr_landed + {stage}, {producer or 1});")
+            arrivals = self.constants.producers[1] if producer else 1
+            self.line(f"tsr_mbarrier_init(tsr_landed + {stage}, {arrivals});")
             if producer:
-                self.line(f"tsr_mbarrier_init(tsr_free + {stage}, {self.kernel.threads // 128});")
+                computing = self.kernel.threads // (WARPGROUP * self.lanes)
+                self.line(f"tsr_mbarrier_init(tsr_free + {stage}, {computing});")
         self.line("tsr_fence_mbarrier_init();")
         self.close()
         self.line(self.d.barrier)
@@ -193,7 +195,9 @@ class TmaCopies:
         ``lag`` of 1 frees the stage the iteration before read, none before the first)."""
         slot: Slot = op.attr("slot")
         guard = f"{self.c(self.pipelined(slot).index)} >= 0 && " if op.attr("lag") else ""
-        self.line(f"if ({guard}lid % 128 == 0) tsr_mbarrier_arrive(tsr_free + "
+        lanes = self.named("WARP_SIZE", self.lanes)
+        warpgroup = self.named("WARPGROUP", WARPGROUP * self.lanes, f"{WARPGROUP}*{lanes}")
+        self.line(f"if ({guard}lid % {warpgroup} == 0) tsr_mbarrier_arrive(tsr_free + "
                   f"{self.stage_index(slot)});")  # fmt: skip
 
     def copy_tma(self, op: Op, aligned: str, when: str | None) -> None:
@@ -203,10 +207,10 @@ class TmaCopies:
         at: Access = op.attr("at")
         rows, cols = (d.constant for d in buf.type.dims)
         assert rows is not None and cols is not None
-        panel = sw128_panel(buf.type.dtype.bits)
+        width, panel = sw128_panel(buf.type.dtype.bits), self.panel(buf.type.dtype.bits)
         rank = len(at.axes)
         self.tma_ranks.add(rank)
-        tmap = self.tensor_map(tensor, (panel, rows) + (1,) * (rank - 2))
+        tmap = self.tensor_map(tensor, (width, rows) + (1,) * (rank - 2))
         slot = self.stage_index(op.attr("slot"))
         if op.attr("async"):
             self.tma_slot = slot
@@ -215,15 +219,19 @@ class TmaCopies:
         stage = self.constants.count(buf.type, self.factor, slot=True)
         base = {"0": dst, "1": f"{dst} + {stage}"}.get(
             slot, f"{dst} + {parenthesized(slot)} * {stage}")  # fmt: skip
-        row, col = (self.c(a.offset) for a in at.axes[-2:])
+        # Offsets along the tile's axes count whole tiles by name (``BK``), as the
+        # element copies' do.
+        units = self.axis_units(at, buf.type)[-2:]
+        row, col = (self.c(a.offset, u) for a, u in zip(at.axes[-2:], units, strict=True))
         index = [self.c(a.offset) for a in reversed(at.axes[:-2])]
+        rows_panel = product((rows, self.smem_extents(buf.type)[0]), (width, panel))
         tid = self.team[0]
         self.open(f"if ({aligned})")
         self.open(f"if ({tid} == 0)")
-        for p in range(cols // panel):
-            offset = p * rows * panel
-            start = f"{base} + {offset}" if offset else base
-            x = col if p == 0 else str(p * panel) if col == "0" else f"{col} + {p * panel}"
+        for p in range(cols // width):
+            start = base if p == 0 else f"{base} + {_times(p, rows_panel)}"
+            x = _times(p, panel)
+            x = col if p == 0 else x if col == "0" else f"{col} + {x}"
             coords = ", ".join([x, row, *index])
             bar = f"tsr_landed + {self.tma_slot}"
             self.line(f"tsr_tma_load_{rank}d({start}, &{tmap.name}, {bar}, {coords});")
@@ -286,3 +294,10 @@ class TmaCopies:
                 tuple(str(d) for d in tensor.type.dims), box,
             )  # fmt: skip
         return self.tensor_maps[key]
+
+
+def _times(count: int, size: str) -> str:
+    """``count`` of ``size`` (a number or a product of names), as C: ``2*BK*PANEL``."""
+    if size.isdigit():
+        return str(count * int(size))
+    return size if count == 1 else f"{count}*{size}"

@@ -3,10 +3,17 @@
 CUDA, HIP and OpenCL files leave their launches to a runtime that reads the metadata.
 A SYCL file is C++ for one compiler, host and device together, so it carries its own
 host code: ``f(queue, tensors..., sizes...)`` allocates the intermediates on the
-queue's device, submits each launch as a ``parallel_for`` over an ``nd_range<3>``
-(each after the one before it: a queue need not be in order), waits for the last and
-frees them. Shared memory is allocated in each launch's command group
-(``local_accessor``) and passed to the kernel function as pointers.
+queue's device, submits each launch (each after the one before it: a queue need not
+be in order), waits for the last and frees them.
+
+Each kernel function has a submit function beside it, ``k_submit(queue, done,
+tensors..., sizes...)``, which runs it as a ``parallel_for`` over an ``nd_range<3>``
+after the event ``done``: it declares the launch's numbers once, by name, as the kernel
+declares them (``THREADS``, ``BM``, ``BN``, and the elements of each local array,
+``SMEM_CHUNKS``), and allocates the kernel's shared memory in its command group
+(``local_accessor``), passed to the kernel function as pointers. So a host function of
+twenty launches reads as twenty calls, and the geometry of each launch stands once,
+next to the kernel it launches.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from .naming import C_LIBRARY, GPU_BUILTINS, Namer
 from .simt_dialect import Dialect
 from .simt_host import NON_FINITE
 from .simt_kernel import SimtKernel
+from .tile_constants import C_NAMES
 
 __all__ = ["Launcher", "launcher", "LAUNCHER_NAMES", "debug_host_code"]
 
@@ -44,12 +52,9 @@ class Launch:
     """One kernel's launch, as the host function writes it."""
 
     kernel: str
+    #: The kernel's submit function, which the host function calls with ``args``.
+    submit: str
     args: tuple[str, ...]
-    #: (element type, name, elements) of each shared array, allocated in the launch.
-    locals: tuple[tuple[str, str, int], ...]
-    #: The global range (dimension 0 first) and the work-group size.
-    global_range: tuple[str, str, str]
-    threads: int
     #: Whether it checks bounds (a debug build): it takes the fault record, which the
     #: host function reads back after it.
     checked: bool = False
@@ -72,16 +77,17 @@ class Launcher:
 
 def launcher(
     program: TileProgram,
-    kernels: list[tuple[str, SimtKernel, list[tuple[Dim, int]]]],
+    kernels: list[tuple[str, str, SimtKernel]],
     d: Dialect,
     name: str,
     file_names: frozenset[str],
     sentinels: dict[str, str] | None = None,
 ) -> Launcher:
     """The host function ``name`` of ``program``, whose kernels are printed under the
-    given names over the given launch grids; ``file_names`` are the file-scope names
-    that its parameters must not hide. ``sentinels`` (a debug build) gives each kernel's
-    ``.tsr`` line, and what it writes is checked for NaN and infinity after it."""
+    given names and submitted by the given functions; ``file_names`` are the
+    file-scope names that its parameters must not hide. ``sentinels`` (a debug build)
+    gives each kernel's ``.tsr`` line, and what it writes is checked for NaN and
+    infinity after it."""
     namer = Namer(file_names | LAUNCHER_NAMES | C_LIBRARY | GPU_BUILTINS)
     names: dict[str, str] = {}
     inputs = []  # (the declaration before its name, the name)
@@ -102,12 +108,11 @@ def launcher(
         pointer = f"{d.storage[in_memory(b.type).dtype.name]}*"  # a mask: its floats
         buffers.append((pointer, names[b.param], c_dim(b.bytes, names)))
     launches = []
-    for kernel, (printed, simt, grid) in zip(program.kernels, kernels, strict=True):
+    for kernel, (printed, submit, simt) in zip(program.kernels, kernels, strict=True):
         args = [names[p.name] for p in kernel.params]
         args += [names[dim] for dim in kernel_sizes(kernel)]
         args += [FAULT] if simt.checked else []
-        work = _global_range(grid, simt.threads, names)
-        launch = Launch(printed, tuple(args), _locals(simt), work, simt.threads, simt.checked)
+        launch = Launch(printed, submit, tuple(args), simt.checked)
         if sentinels is not None:
             launch = replace(launch, sentinel=f"kernel '{printed}' ({sentinels[kernel.name]})",
                              writes=_writes(kernel, names))  # fmt: skip
@@ -148,21 +153,76 @@ def _locals(simt: SimtKernel) -> tuple[tuple[str, str, int], ...]:
     return tuple(out)
 
 
-def _global_range(
-    grid: list[tuple[Dim, int]], threads: int, names: dict[str, str]
-) -> tuple[str, str, str]:
-    """The work-items along each dimension: programs along the first grid axis times
-    the threads in dimension 2, the second axis in 1, the rest (folded) in 0."""
+def submit_function(
+    name: str,
+    kernel: str,
+    params: Sequence[str],
+    args: Sequence[str],
+    simt: SimtKernel,
+    grid: Sequence[tuple[Dim, int]],
+    sizes: dict[str, str],
+) -> list[str]:
+    """The lines of ``name(queue, done, params...)``, which submits ``kernel`` (whose
+    arguments, but for the work-item and its local arrays, are ``args``, declared as
+    ``params``, the size symbols among them named by ``sizes``) over the launch
+    ``grid`` ((extent, block) per axis, the first axis fastest) after the event
+    ``done``, and returns the launch's event. The numbers of the launch are its
+    constants, declared first: the work-group's ``THREADS``, the tile that a program
+    of each axis covers (the kernel's name for it, ``BM``), and each local array's
+    elements (``SMEM_CHUNKS`` for the byte arena in uint4s)."""
+    namer = Namer(frozenset(args) | LAUNCHER_NAMES | C_LIBRARY | GPU_BUILTINS)
+    constants: dict[str, int] = {}
+
+    def constant(wanted: str, value: int) -> str:
+        """The name of ``value`` in the role ``wanted``: that name once declared for it."""
+        named = wanted if constants.get(wanted) == value else namer.fresh(wanted)
+        constants[named] = value
+        return named
+
     counts = []
-    for extent, block in grid:
-        text = c_dim(extent, names)
-        if block != 1:
-            text = f"({text} + {block - 1}) / {block}"
-        counts.append(text)
+    for (extent, block), (pid, _, _) in zip(grid, simt.grid, strict=False):
+        if extent.constant is not None:  # a size the source fixes: a count of programs
+            counts.append(str(-(-extent.constant // block)))
+        elif block != 1:
+            tile = constant(simt.blocks.get(pid, "BLOCK"), block)
+            counts.append(f"({c_dim(extent, sizes)} + {tile} - 1) / {tile}")
+        else:
+            counts.append(c_dim(extent, sizes))
     counts += ["1"] * (3 - len(counts))
-    first = counts[0]
-    first = str(threads) if first == "1" else f"{threads} * ({first})"
-    return counts[2], counts[1], first
+    threads = constant("THREADS", simt.threads)
+    counts[0] = threads if counts[0] == "1" else f"{threads} * ({counts[0]})"
+    accessors = []
+    for ctype, local, count in _locals(simt):
+        unit = "CHUNKS" if ctype == "sycl::uint4" else "SIZE"
+        size = constant(f"{local.removeprefix('tsr_').upper()}_{unit}", count)
+        accessors.append(
+            f"    sycl::local_accessor<{ctype}, 1> {local}(sycl::range<1>({size}), cgh);"
+        )
+    head = _call(f"inline sycl::event {name}(",
+                 ["sycl::queue& queue", "const sycl::event& done", *params], ") {", 0)  # fmt: skip
+    call = [*args, "it", *(accessor_pointer(n, c) for c, n, _ in _locals(simt))]
+    return [
+        f"// ---- {name}: submits {kernel} to `queue` after the event `done`",
+        *head,
+        *(f"  constexpr int {n} = {constants[n]};" for n in sorted(constants, key=_order)),
+        "  return queue.submit([&](sycl::handler& cgh) {",
+        "    cgh.depends_on(done);",
+        *accessors,
+        f"    const sycl::range<3> global({counts[2]}, {counts[1]}, {counts[0]});",
+        f"    const sycl::range<3> group(1, 1, {threads});",
+        "    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {",
+        *_call(f"      {kernel}(", call, ");", 0),
+        "    });",
+        "  });",
+        "}",
+    ]
+
+
+def _order(name: str) -> tuple[int, str]:
+    """Where a launch's constant is declared: rows before columns, as the kernel
+    declares its tiles, then the work-group, then the local arrays."""
+    tiles = [*C_NAMES.values(), "THREADS"]
+    return (tiles.index(name), "") if name in tiles else (len(tiles), name)
 
 
 def accessor_pointer(name: str, ctype: str) -> str:
@@ -198,21 +258,7 @@ def launcher_lines(f: Launcher) -> list[str]:
 def _launch_lines(f: Launcher) -> list[str]:
     lines = []
     for launch in f.launches:
-        lines.append("done = queue.submit([&](sycl::handler& cgh) {")
-        lines.append("  cgh.depends_on(done);")
-        for ctype, name, count in launch.locals:
-            lines.append(
-                f"  sycl::local_accessor<{ctype}, 1> {name}(sycl::range<1>({count}), cgh);"
-            )
-        lines.append(f"  const sycl::range<3> global({', '.join(launch.global_range)});")
-        lines.append(f"  const sycl::range<3> group(1, 1, {launch.threads});")
-        lines.append(
-            "  cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {"
-        )
-        args = [*launch.args, "it", *(accessor_pointer(n, c) for c, n, _ in launch.locals)]
-        lines += _call(f"    {launch.kernel}(", args, ");")
-        lines.append("  });")
-        lines.append("});")
+        lines += _call(f"done = {launch.submit}(", ["queue", "done", *launch.args], ");")
         if launch.checked:
             lines.append(f"tsr_debug::check_bounds({FAULT}, queue, done);")
         for name, count, size, mask, infinite in launch.writes:
