@@ -11,16 +11,20 @@ outputs are poisoned first.
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
 
+import tessera
 from tessera.runtime.kvcache import KVCache, decode_attention
 from tessera.transpiler.graph.dims import Dim
 from tessera.transpiler.graph.kvattend import splits_of
 
-from .everywhere import EVERY_TARGET, load_everywhere
-from .test_kvcache import _ragged, _random
+from .everywhere import EVERY_TARGET, load_everywhere, needs_opencl
+from .test_cuda import needs_gxx
+from .test_kvcache import History, _ragged, _random
 
 SOURCE = """\
 @kernel
@@ -78,8 +82,8 @@ def _poisoned(shape: tuple[int, ...], dtype: object) -> np.ndarray:
 
 def _run(lib: object, causal: bool, dtype: str, rng: np.random.Generator) -> None:
     """Ragged rows over two splits of 256 keys (row 0 leaves the second empty), grouped
-    heads: attend to the cache as it is (one query row, not causal, and three rows,
-    causal), then append three positions and attend to them in one call."""
+    heads, three query rows: attend to the cache as it is, then append three positions
+    and attend to them in one call."""
     numpy_dtype = DTYPES[dtype][0]
     heads, q_heads, rows, dim = 2, 6, 3, 13
     cache, history = _ragged(rng, [5, 300], heads, 512, dim)
@@ -111,3 +115,119 @@ def test_attention_over_a_cache_in_a_compiled_function(
     for causal in (True, False):
         lib = load_everywhere(_source(2, 6, 3, 512, 13, causal), target, arch, monkeypatch)
         _run(lib, causal, "f32", rng)
+
+
+@pytest.mark.execute
+@needs_gxx
+@pytest.mark.parametrize("target", ["cpu", pytest.param("opencl", marks=needs_opencl)])
+def test_attention_over_a_bf16_cache(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scores and sums in f32, the weights rounded to bf16 before they multiply V,
+    the result rounded to bf16: as ``decode_attention`` computes it."""
+    lib = load_everywhere(_source(2, 6, 3, 512, 13, True, dtype="bf16"), target, None,
+                          monkeypatch)  # fmt: skip
+    _run(lib, True, "bf16", np.random.default_rng(5))
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_attention_over_a_rolling_window_that_wraps(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window of 5 slots of 7 (the slots past it are never attended to: they hold
+    values far off the rest, finite as the cache's contract asks), rows of different
+    lengths, one query row a step appended and attended to in one call: row 1 wraps at
+    the first step, row 0 at the fifth."""
+    rng = np.random.default_rng(23)
+    lib = load_everywhere(_source(1, 2, 1, 7, 13, True, window=5), target, arch, monkeypatch)
+    cache = KVCache.zeros(2, 1, 7, 13, window=5)
+    history = History(2)
+    for b, length in enumerate([1, 5]):
+        k, v = _random(rng, 1, length, 13), _random(rng, 1, length, 13)
+        cache.K[b, :, :length], cache.V[b, :, :length] = k, v
+        history.k[b] += list(np.moveaxis(k, 1, 0).astype(np.float64))
+        history.v[b] += list(np.moveaxis(v, 1, 0).astype(np.float64))
+    cache.lengths[:] = [1, 5]
+    cache.K[:, :, 5:] = 1e4
+    cache.V[:, :, 5:] = 1e4
+    for _ in range(6):
+        k, v = _random(rng, 2, 1, 1, 13), _random(rng, 2, 1, 1, 13)
+        history.append(k, v)
+        q = _random(rng, 2, 2, 1, 13)
+        got, _ = lib.step(q, k, v, cache, out=_poisoned(q.shape, np.float32))
+        _compare(got, cache, q, history.attention(q, True, 5), True, "f32",
+                 f"lengths {cache.lengths.tolist()}")  # fmt: skip
+
+
+@pytest.mark.execute
+@needs_gxx
+@pytest.mark.parametrize(
+    ("window", "lengths", "message"),
+    [
+        (None, [4, 2], r"attend\(\): row 1 of 'cache' holds 2 positions: flash_attention: each "
+         r"row of the cache must hold the 3 queries' positions \(append their keys first\)"),
+        (5, [5, 6], r"attend\(\): row 1 of 'cache' holds 6 positions: flash_attention: causal "
+         r"attention over a rolling window of 5 that has wrapped takes one query row at a "
+         r"time, not 3"),
+    ],
+)  # fmt: skip
+def test_lengths_that_decode_attention_refuses_are_refused_before_the_launch(
+    window: int | None, lengths: list[int], message: str
+) -> None:
+    """``decode_attention``'s checks, made on the lengths before anything runs; a step
+    that appends its queries' positions first needs none for the first."""
+    lib = tessera.compile(_source(1, 2, 3, 7, 5, True, window=window), filename="a.tsr",
+                          target="cpu").load()  # fmt: skip
+    cache = KVCache.zeros(2, 1, 7, 5, window=window)
+    cache.lengths[:] = lengths
+    q = np.ones((2, 2, 3, 5), np.float32)
+    with pytest.raises(ValueError, match=message):
+        lib.attend(q, cache)
+    cache.lengths[:] = [0, 1] if window is None else [1, 2]
+    k = np.ones((2, 1, 3, 5), np.float32)
+    out, _ = lib.step(q, k, k, cache)
+    assert not np.isnan(out).any()
+
+
+ERROR_SOURCE = """\
+@kernel
+def attend(q: {q}, cache: KVCache["B", 2, 64, 16, f32]) -> Tensor["B", 4, 1, 16, f32]:
+    return flash_attention({args})
+"""
+
+
+@pytest.mark.parametrize(
+    ("q", "args", "column", "message"),
+    [
+        ('Tensor["B", 4, 1, 12, f32]', "q, cache", 28,
+         r"flash_attention: q must be \[B, H_q, n, D\] of the cache's \[B, 2, 64, 16\], not "
+         r"\[B, 4, 1, 12\]"),
+        ('Tensor["B", 5, 1, 16, f32]', "q, cache", 28,
+         r"flash_attention: q's 5 heads are not a multiple of the cache's 2"),
+        ('Tensor["B", 4, 1, 16, bf16]', "q, cache", 28,
+         r"flash_attention: q is bf16 but the cache holds f32"),
+        ('Tensor["B", 4, 1, 16, f32]', "q, cache, cache", 12,
+         r"flash_attention over a KVCache takes the queries and the cache"),
+        ('Tensor["B", 4, 1, 16, f32]', "q, cache, dropout=0.1", 46,
+         r"flash_attention over a KVCache attends without dropout"),
+        ('Tensor["B", 4, 1, 16, f32]', "cache, q", 12,
+         r"flash_attention over a KVCache takes the queries and the cache"),
+    ],
+)  # fmt: skip
+def test_a_call_that_does_not_fit_the_cache_is_an_error_at_its_line(
+    q: str, args: str, column: int, message: str
+) -> None:
+    source = ERROR_SOURCE.format(q=q, args=args)
+    with pytest.raises(tessera.CompileError) as caught:
+        tessera.compile(source, filename="attend.tsr").ir("graph")
+    (error,) = caught.value.diagnostics
+    assert (error.span.line, error.span.column) == (3, column)
+    assert re.search(message, error.message), error.message
+
+
+def test_a_head_dim_known_at_run_time_takes_a_scale() -> None:
+    source = ERROR_SOURCE.format(q='Tensor["B", 4, 1, "D", f32]', args="q, cache").replace(
+        '64, 16, f32]', '64, "D", f32]').replace('1, 16, f32]:', '1, "D", f32]:')  # fmt: skip
+    with pytest.raises(tessera.CompileError, match=r"the head dim D is a size, so give scale="):
+        tessera.compile(source, filename="attend.tsr").ir("graph")
+    tessera.compile(source.replace("q, cache)", "q, cache, scale=0.25)"),
+                    filename="attend.tsr").ir("graph")  # fmt: skip

@@ -25,7 +25,7 @@ from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
 from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
-from .kvattend import AttendCall, check_attend, default_scale, library_module
+from .kvattend import AttendCall, check_attend, default_scale, length_guards, library_module
 from .kvcache import cache_param, check_append, rolling_window, room_guard
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .optstate import adam_on_state
@@ -1090,6 +1090,11 @@ class Evaluator:
         call = AttendCall(q.value.type, cache.value.type,
                           bool(causal.value.value) if causal else False, number)  # fmt: skip
         emitter = self._runtime(span)
+        param, appended = cache_param((op for b in emitter.blocks for op in b), cache.value)
+        for guard in length_guards(call, param.name, appended, span):
+            if all((g.tensor, g.left, g.right) != (guard.tensor, guard.left, guard.right)
+                   for g in emitter.guards):  # fmt: skip
+                emitter.guards.append(guard)
         read = (cache.value,)
         (k,) = emitter.emit("kvcache.k", read, (call.split_type(),), (), (), span)
         (v,) = emitter.emit("kvcache.v", read, (call.split_type(),), (), (), span)

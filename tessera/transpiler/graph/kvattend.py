@@ -32,11 +32,12 @@ from ..frontend.kept_parse import parse_library_file
 from ..frontend.source import Span
 from .dims import Dim
 from .dtypes import I32
-from .kvcache import rolling_window
+from .ir import Guard
+from .kvcache import flat_names, rolling_window
 from .opcall import SemanticError
 from .types import KVCacheType, TensorType
 
-__all__ = ["AttendCall", "check_attend", "splits_of", "library_module"]
+__all__ = ["AttendCall", "check_attend", "splits_of", "library_module", "length_guards"]
 
 #: Keys a split reads at least, and the programs the splits aim for: the choice of
 #: ``tessera.decode_attention`` (``runtime.kvcache._splits``), made here when ``S_max``
@@ -78,6 +79,34 @@ class AttendCall:
 
     def seen_type(self) -> TensorType:
         return TensorType((self.programs, self.stacked, Dim.const(1)), I32)
+
+
+def length_guards(call: AttendCall, cache: str, appended: Dim, span: Span) -> list[Guard]:
+    """The run-time checks of the lengths of the cache parameter ``cache``, which the
+    function's appends before the call grow by ``appended``, that ``decode_attention``
+    makes (``KVCache.visible``): each row holds the ``n`` queries' positions, and causal
+    rows over a window that has wrapped come one at a time. They are guards on the
+    lengths' values (``Guard.indices``): the entry checks them before any launch."""
+    lengths = flat_names(cache)[2]
+    guards = []
+    fewest = call.rows - appended
+    counted = "" if appended == Dim.const(0) else f", counting the {appended} appended before it"
+    if fewest.constant is None or fewest.constant > 0:
+        guards.append(Guard(
+            "indices", fewest, Dim.const(ast.INT64_MAX),
+            f"flash_attention: each row of the cache must hold the {call.rows} queries' "
+            f"positions{counted} (append their keys first)",
+            span, tensor=lengths,
+        ))  # fmt: skip
+    rows = call.rows.constant
+    if call.window is not None and call.causal and (rows is None or rows > 1):
+        guards.append(Guard(
+            "indices", Dim.const(0), Dim.const(call.window) - appended + Dim.const(1),
+            f"flash_attention: causal attention over a rolling window of {call.window} that "
+            f"has wrapped takes one query row at a time, not {call.rows}",
+            span, tensor=lengths,
+        ))  # fmt: skip
+    return guards
 
 
 def check_attend(q: Any, cache: KVCacheType, spans: tuple[Span, Span], text: str) -> None:
