@@ -22,7 +22,7 @@ from tessera.runtime.kvcache import KVCache, decode_attention
 from tessera.transpiler.graph.dims import Dim
 from tessera.transpiler.graph.kvattend import splits_of
 
-from .everywhere import EVERY_TARGET, load_everywhere, needs_opencl
+from .everywhere import EVERY_TARGET, load_everywhere
 from .test_cuda import needs_gxx
 from .test_kvcache import History, _ragged, _random
 
@@ -118,12 +118,14 @@ def test_attention_over_a_cache_in_a_compiled_function(
 
 
 @pytest.mark.execute
-@needs_gxx
-@pytest.mark.parametrize("target", ["cpu", pytest.param("opencl", marks=needs_opencl)])
-def test_attention_over_a_bf16_cache(target: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The scores and sums in f32, the weights rounded to bf16 before they multiply V,
-    the result rounded to bf16: as ``decode_attention`` computes it."""
-    lib = load_everywhere(_source(2, 6, 3, 512, 13, True, dtype="bf16"), target, None,
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_attention_over_a_bf16_cache(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scores and sums in f32, the weights rounded to bf16 before they multiply V
+    (on the GPU targets, by the bf16 products), the result rounded to bf16: as
+    ``decode_attention`` computes it."""
+    lib = load_everywhere(_source(2, 6, 3, 512, 13, True, dtype="bf16"), target, arch,
                           monkeypatch)  # fmt: skip
     _run(lib, True, "bf16", np.random.default_rng(5))
 

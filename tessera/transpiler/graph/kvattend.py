@@ -181,8 +181,11 @@ def library_module(call: AttendCall) -> ast.Module:
 def library_source(call: AttendCall) -> str:
     """The ``.tsr`` text of ``library_module``, with the call's dims and numbers."""
     dtype = str(call.cache.dtype)
-    kernels = resources.files("tessera.stdlib").joinpath("decode_split.tsr")
-    text = kernels.read_text("utf-8").replace("bf16", dtype)
+    stdlib = resources.files("tessera.stdlib")
+    text = "\n\n".join(
+        stdlib.joinpath(f"{name}.tsr").read_text("utf-8").replace("bf16", dtype)
+        for name in ("decode_partial", "decode_lse")
+    )
     b, h, d = (_dim(x) for x in (call.batch, call.heads, call.dim))
     n, q_heads, big_n, c, r = (
         _dim(x) for x in (call.rows, call.q.dims[1], call.programs, call.chunk, call.stacked)
@@ -196,7 +199,7 @@ def library_source(call: AttendCall) -> str:
             f"partial = decode_partial(grouped, k, v, seen, scale={call.scale!r})"
             f".reshape({b}, {h}, {p}, {r}, {d})",
             f"lse = decode_lse(grouped, keys, seen, scale={call.scale!r})"
-            f".reshape({b}, {h}, {p}, {r}, 1)",
+            f".reshape({b}, {h}, {p}, {r}, {d})[..., :1]",
             # each split weighed by its share of the softmax's denominator
             "out = sum(partial * exp(lse - logsumexp(lse, axis=2, keepdims=True)), axis=2)",
         ]
