@@ -233,3 +233,32 @@ def test_a_head_dim_known_at_run_time_takes_a_scale() -> None:
         tessera.compile(source, filename="attend.tsr").ir("graph")
     tessera.compile(source.replace("q, cache)", "q, cache, scale=0.25)"),
                     filename="attend.tsr").ir("graph")  # fmt: skip
+
+
+READ = """\
+@kernel
+def read(cache: KVCache["B", "H", 8, 5, f32], w: Tensor[5, 3, f32]
+         ) -> (Tensor["B", "H", 8, 5, f32], Tensor["B", "H", 8, 5, f32],
+               Tensor["B", "H", 8, 3, f32]):
+    return cache.K * 2.0, cache.V, cache.V @ w
+"""
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_the_caches_keys_and_values_read_as_tensors(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cache.K`` and ``cache.V`` in an elementwise op, returned, and in a product."""
+    rng = np.random.default_rng(3)
+    lib = load_everywhere(READ, target, arch, monkeypatch)
+    cache = KVCache.zeros(2, 3, 8, 5)
+    cache.K[...], cache.V[...] = (_random(rng, 2, 3, 8, 5) for _ in range(2))
+    w = _random(rng, 5, 3)
+    out = (_poisoned((2, 3, 8, 5), np.float32), _poisoned((2, 3, 8, 5), np.float32),
+           _poisoned((2, 3, 8, 3), np.float32))  # fmt: skip
+    doubled, values, product = lib.read(cache, w, out=out)
+    np.testing.assert_array_equal(doubled, cache.K * 2)
+    np.testing.assert_array_equal(values, cache.V)
+    want = cache.V.astype(np.float64) @ w
+    np.testing.assert_allclose(product, want, rtol=1e-5, atol=1e-5)

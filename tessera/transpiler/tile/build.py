@@ -170,8 +170,13 @@ def _cache_views(function: Function, ops: list[Op], rename: dict[int, Value]) ->
             continue
         cache, _ = cache_param(function.body.ops, op.operands[0])
         k_name, v_name, _ = flat_names(cache.name)
-        name = k_name if op.kind == "kvcache.k" else v_name
-        rename[op.result.id] = new_value(in_memory(op.result.type), name)
+        array = new_value(in_memory(op.result.type), k_name if op.kind == "kvcache.k" else v_name)
+        if op is ops[-1]:  # the kernel's result (``return cache.K``): a copy of the array
+            rename[array.id] = array
+            dtype = (("dtype", op.result.type.dtype),)
+            kept.append(Op("cast", (array,), op.results, dtype, span=op.span))
+        else:
+            rename[op.result.id] = array
     return kept
 
 
