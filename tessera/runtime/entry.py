@@ -364,7 +364,7 @@ class Entry:
         and the rows that ``flash_attention`` attends to hold what it reads (the guard's
         reason says what)."""
         extremes = _extremes(lengths)
-        if extremes is None or low <= extremes[0] and extremes[1] < bound:
+        if extremes is None or (low <= extremes[0] and extremes[1] < bound):
             return
         cache = self._lengths[g["tensor"]]
         if not g["reason"].startswith("KVCache.append"):
