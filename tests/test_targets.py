@@ -89,6 +89,8 @@ CHECKED_ELSEWHERE = {
     ("examples/optimizer_step.tsr", "adamw"): "tests/test_multi_result.py",
     ("examples/optimizer_step.tsr", "adamw_bf16"): "tests/test_multi_result.py",
     ("examples/decode.tsr", "finish"): "tests/test_decode_example.py",
+    ("examples/decode.tsr", "step"): "tests/test_decode_example.py",
+    ("examples/decode.tsr", "step_windowed"): "tests/test_decode_example.py",
     ("tessera/stdlib/scatter_add.tsr", "scatter_add"): "tests/test_scatter.py",
 }
 

@@ -85,8 +85,9 @@ def length_guards(call: AttendCall, cache: str, appended: Dim, span: Span) -> li
     """The run-time checks of the lengths of the cache parameter ``cache``, which the
     function's appends before the call grow by ``appended``, that ``decode_attention``
     makes (``KVCache.visible``): each row holds the ``n`` queries' positions, and causal
-    rows over a window that has wrapped come one at a time. They are guards on the
-    lengths' values (``Guard.indices``): the entry checks them before any launch."""
+    rows over a window that has wrapped come one at a time (where ``n`` is a number).
+    They are guards on the lengths' values (``Guard.indices``): the entry checks them
+    before any launch."""
     lengths = flat_names(cache)[2]
     guards = []
     fewest = call.rows - appended
@@ -99,7 +100,9 @@ def length_guards(call: AttendCall, cache: str, appended: Dim, span: Span) -> li
             span, tensor=lengths,
         ))  # fmt: skip
     rows = call.rows.constant
-    if call.window is not None and call.causal and (rows is None or rows > 1):
+    # (for ``n`` a size, the lengths alone cannot say: ``kvcache.visible`` shows such
+    # rows no key, ``cexpr.kv_visible``)
+    if call.window is not None and call.causal and rows is not None and rows > 1:
         guards.append(Guard(
             "indices", Dim.const(0), Dim.const(call.window) - appended + Dim.const(1),
             f"flash_attention: causal attention over a rolling window of {call.window} that "
@@ -201,11 +204,13 @@ def library_source(call: AttendCall) -> str:
             f"lse = decode_lse(grouped, keys, seen, scale={call.scale!r})"
             f".reshape({b}, {h}, {p}, {r}, {d})[..., :1]",
             # each split weighed by its share of the softmax's denominator
-            "out = sum(partial * exp(lse - logsumexp(lse, axis=2, keepdims=True)), axis=2)",
+            "attended = sum(partial * exp(lse - logsumexp(lse, axis=2, keepdims=True)), axis=2)",
         ]
     else:
-        lines.append(f"out = decode_partial(grouped, k, v, seen, scale={call.scale!r})")
-    lines.append(f"return cast(out.reshape({b}, {q_heads}, {n}, {d}), {dtype})")
+        lines.append(f"attended = decode_partial(grouped, k, v, seen, scale={call.scale!r})")
+    # (no value of the library's is named ``out``: a CPU entry's intermediate of that
+    # name clashes with its result's)
+    lines.append(f"return cast(attended.reshape({b}, {q_heads}, {n}, {d}), {dtype})")
     body = "".join(f"    {line}\n" for line in lines)
     return (
         f"{text}\n\n"
