@@ -125,11 +125,15 @@ def check_attend(q: Any, cache: KVCacheType, spans: tuple[Span, Span], text: str
         )
     batch, heads, _, dim = cache.dims
     shown = f"[{', '.join(map(str, cache.dims))}]"
-    if not isinstance(q, TensorType) or q.rank != 4 or (q.dims[0], q.dims[3]) != (batch, dim):
-        given = f"[{', '.join(map(str, q.dims))}]" if isinstance(q, TensorType) else "no tensor"
+    if not isinstance(q, TensorType):
         raise SemanticError(
-            f"flash_attention: {text} must be [B, H_q, n, D] of the cache's {shown}, "
-            f"not {given}",
+            f"flash_attention: {text} must be a tensor [B, H_q, n, D] of the cache's {shown}",
+            q_span,
+        )
+    if q.rank != 4 or (q.dims[0], q.dims[3]) != (batch, dim):
+        raise SemanticError(
+            f"flash_attention: {text} must be [B, H_q, n, D] of the cache's {shown}, not "
+            f"[{', '.join(map(str, q.dims))}]",
             q_span,
         )
     if q.dtype != cache.dtype:
