@@ -44,7 +44,8 @@ _SIZE_ATTRS = {"dim_to_float": ("dim",), "kv_advance": ("n",),
 def kernel_sizes(kernel: TileKernel) -> tuple[str, ...]:
     """The size symbols a kernel takes: those of its tensors' dims, then those that only
     a size read as a float names (``float(R - 1)`` in a kernel over ``[1, C]``: the
-    divisor of a variance over the rows), or a cache's advance adds (its appended ``n``)."""
+    divisor of a variance over the rows), a cache's advance adds (its appended ``n``) or
+    its visible keys read (the query rows, the split's keys)."""
     found = dict.fromkeys(symbols([p.type for p in kernel.params]))
     for op in walk(kernel.body):
         for attr in _SIZE_ATTRS.get(op.kind, ()):
