@@ -212,8 +212,6 @@ def library_source(call: AttendCall) -> str:
         ]
     else:
         lines.append(f"attended = decode_partial(grouped, k, v, seen, scale={call.scale!r})")
-    # (no value of the library's is named ``out``: a CPU entry's intermediate of that
-    # name clashes with its result's)
     lines.append(f"return cast(attended.reshape({b}, {q_heads}, {n}, {d}), {dtype})")
     body = "".join(f"    {line}\n" for line in lines)
     return (
