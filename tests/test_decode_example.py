@@ -5,9 +5,12 @@ prompt (5 positions) goes through one prefill step, then 4 tokens one at a time,
 a cache that holds every position and with a rolling window of 6 that wraps on the 7th
 position. A float64 numpy model of the same layers, with its own history of keys and
 values (every position, attended through a sliding window where the cache has one),
-is the reference for the hidden states after every step. Each step runs both ways:
-the compiled ``project`` (``project_windowed``), which appends to the cache itself,
-and the Python-glued ``qkv`` then ``KVCache.append``; the caches must agree exactly.
+is the reference for the hidden states after every step. Each step runs three ways:
+the compiled ``step`` (``step_windowed``), the whole layer in one call; the compiled
+``project`` (``project_windowed``), which appends to the cache itself, then
+``tessera.decode_attention`` and ``finish``; and the Python-glued ``qkv`` then
+``KVCache.append``. The three caches must agree exactly, and both layers' outputs
+with the reference.
 (The example's golden files and the toolchain sweeps over ``examples/`` compile it
 for every target; tests/test_kvcache_graph.py runs the compiled append on each.)
 """
@@ -106,27 +109,38 @@ def test_prefill_then_decode_matches_numpy(
     layers = [Layer(rng) for _ in range(2)]
     caches = [KVCache.zeros(BATCH, KV_HEADS, s_max, DIM, window=window) for _ in layers]
     glued = [KVCache.zeros(BATCH, KV_HEADS, s_max, DIM, window=window) for _ in layers]
+    stepped = [KVCache.zeros(BATCH, KV_HEADS, s_max, DIM, window=window) for _ in layers]
     references = [Reference(layer, window) for layer in layers]
     project = lib.project if window is None else lib.project_windowed
+    step = lib.step if window is None else lib.step_windowed
     position = 0
     for rows in [5, 1, 1, 1, 1]:  # the prompt, then one token at a time
         x = rng.standard_normal((BATCH, rows, WIDTH)).astype(np.float32)
+        y = x.copy()  # the hidden states through the compiled steps
         cos, sin = _angles(np.arange(position, position + rows))
         want = x.astype(np.float64)
-        for layer, cache, other, reference in zip(layers, caches, glued, references, strict=True):
+        for layer, cache, other, whole, reference in zip(
+            layers, caches, glued, stepped, references, strict=True
+        ):
             w = layer.weights
             weights = (w["norm1"], w["wq"], w["wk"], w["wv"], cos, sin)
+            after = (w["wo"], w["norm2"], w["wg"], w["wu"], w["wd"])
             q, returned = project(x, *weights, cache)
             assert returned is cache
             _, k, v = lib.qkv(x, *weights)  # the same step glued from Python
             other.append(k, v)
+            out = np.full(y.shape, np.nan, np.float32)
+            y, returned = step(y, *weights, *after, whole, out=out)
+            assert returned is whole
             for name in ("K", "V", "lengths"):
                 np.testing.assert_array_equal(getattr(cache, name), getattr(other, name))
             o = decode_attention(q, cache, splits=splits)
-            x = lib.finish(x, o, w["wo"], w["norm2"], w["wg"], w["wu"], w["wd"])
+            x = lib.finish(x, o, *after)
             want = reference(want, cos, sin)
         position += rows
-        assert not np.isnan(x).any(), f"position {position}: some outputs were never written"
-        error = np.abs(x - want).max() / np.abs(want).max()
-        assert error < 1e-4, f"position {position}: relative error {error:.2e}"
+        for got, how in ((x, "glued"), (y, "step")):
+            assert not np.isnan(got).any(), f"position {position}, {how}: outputs left unwritten"
+            error = np.abs(got - want).max() / np.abs(want).max()
+            assert error < 1e-4, f"position {position}, {how}: relative error {error:.2e}"
     assert caches[0].lengths.tolist() == [position] * BATCH
+    assert stepped[1].lengths.tolist() == [position] * BATCH

@@ -268,18 +268,3 @@ def test_a_half_precision_cache(dtype: str) -> None:
     want = history.attention(q, True, None)
     error = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
     assert error < (1e-2 if dtype == "bf16" else 2e-3), f"{dtype}: relative error {error:.2e}"
-
-
-def test_attention_over_a_cache_in_a_compiled_function_says_where_it_runs() -> None:
-    source = (
-        "@kernel\n"
-        'def attend(q: Tensor["B", 8, 1, 64, f32], cache: KVCache["B", 2, "S", 64, f32])'
-        ' -> Tensor["B", 8, 1, 64, f32]:\n'
-        "    return flash_attention(q, cache, causal=True)\n"
-    )
-    with pytest.raises(tessera.CompileError) as caught:
-        tessera.compile(source, filename="attend.tsr").ir("graph")
-    (error,) = caught.value.diagnostics
-    assert (error.span.line, error.span.column) == (3, 31)
-    assert "flash_attention over a KVCache is not compiled yet: call " in error.message
-    assert "tessera.decode_attention(q, cache) from Python" in error.message

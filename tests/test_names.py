@@ -42,6 +42,7 @@ from tessera.transpiler.target.simt_layout import FRAGMENT_SHAPES
 from tessera.transpiler.target.simt_tiles import WGMMA_FORMS
 from tessera.transpiler.target.sycl_launcher import LAUNCHER_NAMES
 
+from .everywhere import EVERY_TARGET, load_everywhere
 from .gpusim import simulated_cupy, simulated_driver, use_simulator
 from .reference import attention, f64, rmsnorm
 from .test_cpu import STRICT
@@ -374,3 +375,28 @@ def test_every_opencl_builtin_is_reserved() -> None:
     later = ("__", "as_", "convert_", *_LATER_OPENCL)
     missing = sorted(n for n in declared - reserved if not n.startswith(later))
     assert not missing, missing
+
+
+RESULT_NAMED = """\
+@kernel
+def f(x: Tensor["N", "N", f32]) -> Tensor["N", "N", f32]:
+    out = x @ x
+    return softmax(out) * 2.0
+"""
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize(("target", "arch"), EVERY_TARGET)
+def test_an_intermediate_named_like_the_result(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A value the source calls ``out``, written by one kernel and read by the next: the
+    entry passes its result as ``out``, and the two were one name (the CPU entry declared
+    the buffer over its result parameter and did not compile)."""
+    lib = load_everywhere(RESULT_NAMED, target, arch, monkeypatch)
+    x = np.random.default_rng(8).standard_normal((37, 37)).astype(np.float32)
+    out = np.full(x.shape, np.nan, np.float32)
+    lib.f(x, out=out)
+    y = x.astype(np.float64) @ x
+    e = np.exp(y - y.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out, 2 * e / e.sum(axis=1, keepdims=True), rtol=1e-4, atol=1e-5)

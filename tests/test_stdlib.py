@@ -21,6 +21,8 @@ EXPECTED = {
     "attention_dv": ("attention", ["ceil(T/64)", "BH"]),
     "attention_stats": ("attention", ["ceil(S/128)", "BH"]),
     "decode_attention": ("attention", ["ceil(R/128)", "N"]),
+    "decode_lse": ("attention", ["ceil(R/128)", "N"]),
+    "decode_partial": ("attention", ["ceil(R/128)", "N"]),
     "elementwise": ("reduction", ["ceil(R/4)"]),
     "flash_attention": ("attention", ["ceil(S/128)", "BH"]),
     "fused_adam": ("elementwise", ["ceil(N/1024)"]),

@@ -81,12 +81,16 @@ CHECKED_ELSEWHERE = {
     ("examples/train_mlp.tsr", "train_step"): "examples/train_mlp.py (make demo)",
     ("tessera/stdlib/put_along_axis.tsr", "put_along_axis"): "tests/test_scatter.py",
     ("tessera/stdlib/decode_attention.tsr", "decode_attention"): "tests/test_kvcache.py",
+    ("tessera/stdlib/decode_partial.tsr", "decode_partial"): "tests/test_kvcache_attention.py",
+    ("tessera/stdlib/decode_lse.tsr", "decode_lse"): "tests/test_kvcache_attention.py",
     ("examples/decode.tsr", "project"): "tests/test_decode_example.py",
     ("examples/decode.tsr", "project_windowed"): "tests/test_decode_example.py",
     ("examples/decode.tsr", "qkv"): "tests/test_decode_example.py",
     ("examples/optimizer_step.tsr", "adamw"): "tests/test_multi_result.py",
     ("examples/optimizer_step.tsr", "adamw_bf16"): "tests/test_multi_result.py",
     ("examples/decode.tsr", "finish"): "tests/test_decode_example.py",
+    ("examples/decode.tsr", "step"): "tests/test_decode_example.py",
+    ("examples/decode.tsr", "step_windowed"): "tests/test_decode_example.py",
     ("tessera/stdlib/scatter_add.tsr", "scatter_add"): "tests/test_scatter.py",
 }
 

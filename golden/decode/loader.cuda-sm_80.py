@@ -592,3 +592,472 @@ def finish(
         (t6, wd, x_1, out, cupy.int64(B), cupy.int64(T)),
     )
     return out
+
+
+def step(
+    x: cupy.ndarray,
+    norm1: cupy.ndarray,
+    wq: cupy.ndarray,
+    wk: cupy.ndarray,
+    wv: cupy.ndarray,
+    cos: cupy.ndarray,
+    sin: cupy.ndarray,
+    wo: cupy.ndarray,
+    norm2: cupy.ndarray,
+    wg: cupy.ndarray,
+    wu: cupy.ndarray,
+    wd: cupy.ndarray,
+    cache_k: cupy.ndarray,
+    cache_v: cupy.ndarray,
+    cache_lengths: cupy.ndarray,
+    *,
+    out: cupy.ndarray | None = None,
+) -> cupy.ndarray:
+    """step(
+        x: f32[B, T, 256],
+        norm1: f32[256],
+        wq: f32[256, 256],
+        wk: f32[256, 128],
+        wv: f32[256, 128],
+        cos: f32[T, 32],
+        sin: f32[T, 32],
+        wo: f32[256, 256],
+        norm2: f32[256],
+        wg: f32[256, 512],
+        wu: f32[256, 512],
+        wd: f32[512, 256],
+        cache_k: f32[B, 2, S, 64],
+        cache_v: f32[B, 2, S, 64],
+        cache_lengths: i64[B],
+    ) -> f32[B, T, 256]"""
+    x = _tensor("step", "x", x, "float32", 3)
+    B = x.shape[0]
+    T = x.shape[1]
+    _shape("step", "x", x, "[B, T, 256]", (B, T, 256))
+    norm1 = _tensor("step", "norm1", norm1, "float32", 1)
+    _shape("step", "norm1", norm1, "[256]", (256,))
+    wq = _tensor("step", "wq", wq, "float32", 2)
+    _shape("step", "wq", wq, "[256, 256]", (256, 256))
+    wk = _tensor("step", "wk", wk, "float32", 2)
+    _shape("step", "wk", wk, "[256, 128]", (256, 128))
+    wv = _tensor("step", "wv", wv, "float32", 2)
+    _shape("step", "wv", wv, "[256, 128]", (256, 128))
+    cos = _tensor("step", "cos", cos, "float32", 2)
+    _shape("step", "cos", cos, "[T, 32]", (T, 32))
+    sin = _tensor("step", "sin", sin, "float32", 2)
+    _shape("step", "sin", sin, "[T, 32]", (T, 32))
+    wo = _tensor("step", "wo", wo, "float32", 2)
+    _shape("step", "wo", wo, "[256, 256]", (256, 256))
+    norm2 = _tensor("step", "norm2", norm2, "float32", 1)
+    _shape("step", "norm2", norm2, "[256]", (256,))
+    wg = _tensor("step", "wg", wg, "float32", 2)
+    _shape("step", "wg", wg, "[256, 512]", (256, 512))
+    wu = _tensor("step", "wu", wu, "float32", 2)
+    _shape("step", "wu", wu, "[256, 512]", (256, 512))
+    wd = _tensor("step", "wd", wd, "float32", 2)
+    _shape("step", "wd", wd, "[512, 256]", (512, 256))
+    cache_k = _tensor("step", "cache_k", cache_k, "float32", 4)
+    S = cache_k.shape[2]
+    _shape("step", "cache_k", cache_k, "[B, 2, S, 64]", (B, 2, S, 64))
+    cache_v = _tensor("step", "cache_v", cache_v, "float32", 4)
+    _shape("step", "cache_v", cache_v, "[B, 2, S, 64]", (B, 2, S, 64))
+    cache_lengths = _tensor("step", "cache_lengths", cache_lengths, "int64", 1)
+    _shape("step", "cache_lengths", cache_lengths, "[B]", (B,))
+    _indices(
+        "step",
+        "cache_lengths",
+        cache_lengths,
+        0,
+        (S - T + 1),
+        f"S - T + 1 = {(S - T + 1)}",
+        "KVCache.append: a row's length and the T positions appended must fit S_max = S; declare @rolling_window(W) to keep the last positions instead",
+    )
+    if out is None:
+        out = cupy.empty((B, T, 256), dtype="float32")
+    else:
+        out = _tensor("step", "out", out, "float32", 3)
+        _shape("step", "out", out, "[B, T, 256]", (B, T, 256))
+    h = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t0 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    q = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t3 = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    k = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    t6 = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    v = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    t11 = cupy.empty(max(1, 16 * B * T), dtype="uint8")
+    attended = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t13 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    x_1 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    h_1 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t17 = cupy.empty(max(1, 2048 * B * T), dtype="uint8")
+    t19 = cupy.empty(max(1, 2048 * B * T), dtype="uint8")
+    _launch(
+        "step_k0",
+        (-(-T // 4), B),
+        128,
+        0,
+        (x, norm1, h, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k1",
+        (-(-256 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wq, t0, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k2",
+        (-(-T // 4), B, 4),
+        128,
+        0,
+        (t0, cos, sin, q, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k3",
+        (-(-128 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wk, t3, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k4",
+        (-(-T // 4), B, 2),
+        128,
+        0,
+        (t3, cos, sin, k, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k5",
+        (-(-128 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wv, t6, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k6",
+        (-(-T // 4), B, 2),
+        128,
+        0,
+        (t6, v, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k7",
+        (T, B, 2),
+        256,
+        0,
+        (
+            cache_k,
+            cache_v,
+            cache_lengths,
+            k,
+            v,
+            cupy.int64(B),
+            cupy.int64(S),
+            cupy.int64(T),
+        ),
+    )
+    _launch("step_k8", (B,), 256, 0, (cache_lengths, cupy.int64(B), cupy.int64(T)))
+    _launch(
+        "step_k9",
+        (2 * T, B, 2),
+        256,
+        0,
+        (t11, cache_lengths, cupy.int64(B), cupy.int64(T), cupy.int64(S)),
+    )
+    _launch(
+        "step_k10",
+        (-(-(2 * T) // 128), 2 * B),
+        256,
+        98304,
+        (
+            cache_k,
+            cache_v,
+            q,
+            t11,
+            attended,
+            cupy.int64(B),
+            cupy.int64(S),
+            cupy.int64(T),
+        ),
+    )
+    _launch(
+        "step_k11",
+        (-(-4 // 4), B, T),
+        128,
+        0,
+        (attended, t13, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k12",
+        (-(-256 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (t13, wo, x, x_1, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k13",
+        (-(-T // 4), B),
+        128,
+        0,
+        (x_1, norm2, h_1, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k14",
+        (-(-512 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h_1, wg, t17, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k15",
+        (-(-512 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h_1, wu, t17, t19, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_k16",
+        (-(-256 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (t19, wd, x_1, out, cupy.int64(B), cupy.int64(T)),
+    )
+    return out
+
+
+def step_windowed(
+    x: cupy.ndarray,
+    norm1: cupy.ndarray,
+    wq: cupy.ndarray,
+    wk: cupy.ndarray,
+    wv: cupy.ndarray,
+    cos: cupy.ndarray,
+    sin: cupy.ndarray,
+    wo: cupy.ndarray,
+    norm2: cupy.ndarray,
+    wg: cupy.ndarray,
+    wu: cupy.ndarray,
+    wd: cupy.ndarray,
+    cache_k: cupy.ndarray,
+    cache_v: cupy.ndarray,
+    cache_lengths: cupy.ndarray,
+    *,
+    out: cupy.ndarray | None = None,
+) -> cupy.ndarray:
+    """step_windowed(
+        x: f32[B, T, 256],
+        norm1: f32[256],
+        wq: f32[256, 256],
+        wk: f32[256, 128],
+        wv: f32[256, 128],
+        cos: f32[T, 32],
+        sin: f32[T, 32],
+        wo: f32[256, 256],
+        norm2: f32[256],
+        wg: f32[256, 512],
+        wu: f32[256, 512],
+        wd: f32[512, 256],
+        cache_k: f32[B, 2, S, 64],
+        cache_v: f32[B, 2, S, 64],
+        cache_lengths: i64[B],
+    ) -> f32[B, T, 256]"""
+    x = _tensor("step_windowed", "x", x, "float32", 3)
+    B = x.shape[0]
+    T = x.shape[1]
+    _shape("step_windowed", "x", x, "[B, T, 256]", (B, T, 256))
+    norm1 = _tensor("step_windowed", "norm1", norm1, "float32", 1)
+    _shape("step_windowed", "norm1", norm1, "[256]", (256,))
+    wq = _tensor("step_windowed", "wq", wq, "float32", 2)
+    _shape("step_windowed", "wq", wq, "[256, 256]", (256, 256))
+    wk = _tensor("step_windowed", "wk", wk, "float32", 2)
+    _shape("step_windowed", "wk", wk, "[256, 128]", (256, 128))
+    wv = _tensor("step_windowed", "wv", wv, "float32", 2)
+    _shape("step_windowed", "wv", wv, "[256, 128]", (256, 128))
+    cos = _tensor("step_windowed", "cos", cos, "float32", 2)
+    _shape("step_windowed", "cos", cos, "[T, 32]", (T, 32))
+    sin = _tensor("step_windowed", "sin", sin, "float32", 2)
+    _shape("step_windowed", "sin", sin, "[T, 32]", (T, 32))
+    wo = _tensor("step_windowed", "wo", wo, "float32", 2)
+    _shape("step_windowed", "wo", wo, "[256, 256]", (256, 256))
+    norm2 = _tensor("step_windowed", "norm2", norm2, "float32", 1)
+    _shape("step_windowed", "norm2", norm2, "[256]", (256,))
+    wg = _tensor("step_windowed", "wg", wg, "float32", 2)
+    _shape("step_windowed", "wg", wg, "[256, 512]", (256, 512))
+    wu = _tensor("step_windowed", "wu", wu, "float32", 2)
+    _shape("step_windowed", "wu", wu, "[256, 512]", (256, 512))
+    wd = _tensor("step_windowed", "wd", wd, "float32", 2)
+    _shape("step_windowed", "wd", wd, "[512, 256]", (512, 256))
+    cache_k = _tensor("step_windowed", "cache_k", cache_k, "float32", 4)
+    S = cache_k.shape[2]
+    _shape("step_windowed", "cache_k", cache_k, "[B, 2, S, 64]", (B, 2, S, 64))
+    cache_v = _tensor("step_windowed", "cache_v", cache_v, "float32", 4)
+    _shape("step_windowed", "cache_v", cache_v, "[B, 2, S, 64]", (B, 2, S, 64))
+    cache_lengths = _tensor("step_windowed", "cache_lengths", cache_lengths, "int64", 1)
+    _shape("step_windowed", "cache_lengths", cache_lengths, "[B]", (B,))
+    if not S >= 6:
+        raise ValueError(
+            f"step_windowed(): S = {S} breaks S >= 6 "
+            "(KVCache.append: the rolling window fits S_max)"
+        )
+    if not T <= 6:
+        raise ValueError(
+            f"step_windowed(): T = {T} breaks T <= 6 "
+            "(KVCache.append: one append adds at most the window's positions)"
+        )
+    if out is None:
+        out = cupy.empty((B, T, 256), dtype="float32")
+    else:
+        out = _tensor("step_windowed", "out", out, "float32", 3)
+        _shape("step_windowed", "out", out, "[B, T, 256]", (B, T, 256))
+    h = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t0 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    q = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t3 = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    k = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    t6 = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    v = cupy.empty(max(1, 512 * B * T), dtype="uint8")
+    t11 = cupy.empty(max(1, 16 * B * T), dtype="uint8")
+    attended = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t13 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    x_1 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    h_1 = cupy.empty(max(1, 1024 * B * T), dtype="uint8")
+    t17 = cupy.empty(max(1, 2048 * B * T), dtype="uint8")
+    t19 = cupy.empty(max(1, 2048 * B * T), dtype="uint8")
+    _launch(
+        "step_windowed_k0",
+        (-(-T // 4), B),
+        128,
+        0,
+        (x, norm1, h, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k1",
+        (-(-256 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wq, t0, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k2",
+        (-(-T // 4), B, 4),
+        128,
+        0,
+        (t0, cos, sin, q, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k3",
+        (-(-128 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wk, t3, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k4",
+        (-(-T // 4), B, 2),
+        128,
+        0,
+        (t3, cos, sin, k, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k5",
+        (-(-128 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h, wv, t6, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k6",
+        (-(-T // 4), B, 2),
+        128,
+        0,
+        (t6, v, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k7",
+        (T, B, 2),
+        256,
+        0,
+        (
+            cache_k,
+            cache_v,
+            cache_lengths,
+            k,
+            v,
+            cupy.int64(B),
+            cupy.int64(S),
+            cupy.int64(T),
+        ),
+    )
+    _launch(
+        "step_windowed_k8",
+        (B,),
+        256,
+        0,
+        (cache_lengths, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k9",
+        (2 * T, B, 2),
+        256,
+        0,
+        (t11, cache_lengths, cupy.int64(B), cupy.int64(T), cupy.int64(S)),
+    )
+    _launch(
+        "step_windowed_k10",
+        (-(-(2 * T) // 128), 2 * B),
+        256,
+        98304,
+        (
+            cache_k,
+            cache_v,
+            q,
+            t11,
+            attended,
+            cupy.int64(B),
+            cupy.int64(S),
+            cupy.int64(T),
+        ),
+    )
+    _launch(
+        "step_windowed_k11",
+        (-(-4 // 4), B, T),
+        128,
+        0,
+        (attended, t13, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k12",
+        (-(-256 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (t13, wo, x, x_1, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k13",
+        (-(-T // 4), B),
+        128,
+        0,
+        (x_1, norm2, h_1, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k14",
+        (-(-512 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h_1, wg, t17, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k15",
+        (-(-512 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (h_1, wu, t17, t19, cupy.int64(B), cupy.int64(T)),
+    )
+    _launch(
+        "step_windowed_k16",
+        (-(-256 // 128), -(-T // 128), B),
+        256,
+        49152,
+        (t19, wd, x_1, out, cupy.int64(B), cupy.int64(T)),
+    )
+    return out

@@ -336,7 +336,7 @@ class Entry:
             left = evaluate(g["left"], sizes, "guard")
             right = evaluate(g["right"], sizes, "guard")
             if g["kind"] == "indices" and g["tensor"] in self._lengths:
-                self._check_room(g["tensor"], values[g["tensor"]], right, sizes)
+                self._check_lengths(g, values[g["tensor"]], left, right, sizes)
                 continue
             if g["kind"] == "indices":
                 self._check_indices(g, values[g["tensor"]], left, right)
@@ -355,14 +355,23 @@ class Entry:
                     f"{self.name}(): {g['left']} = {left} breaks {broken} ({g['reason']})"
                 )
 
-    def _check_room(self, tensor: str, lengths: Any, bound: int, sizes: Mapping[str, int]) -> None:
-        """The appends into a cache without a rolling window fit: each row's length is
-        below ``bound`` (``S_max`` less the positions appended, plus one). Checked before
-        the launch, so that nothing is written when they do not."""
+    def _check_lengths(
+        self, g: Mapping[str, Any], lengths: Any, low: int, bound: int, sizes: Mapping[str, int]
+    ) -> None:
+        """A cache's lengths are in ``[low, bound)``, before any launch, so that nothing
+        is written when they are not: the appends into a cache without a rolling window
+        fit (each row's length is below ``S_max`` less the positions appended, plus one),
+        and the rows that ``flash_attention`` attends to hold what it reads (the guard's
+        reason says what)."""
         extremes = _extremes(lengths)
-        if extremes is None or extremes[1] < bound:
+        if extremes is None or (low <= extremes[0] and extremes[1] < bound):
             return
-        cache = self._lengths[tensor]
+        cache = self._lengths[g["tensor"]]
+        if not g["reason"].startswith("KVCache.append"):
+            values = np.asarray(lengths)
+            row = int(np.argmax((values < low) | (values >= bound)))
+            raise ValueError(f"{self.name}(): row {row} of '{cache['name']}' holds "
+                             f"{int(values[row])} positions: {g['reason']}")  # fmt: skip
         top = evaluate(cache["s_max"], sizes, "S_max")
         row = int(np.argmax(np.asarray(lengths) >= bound))
         raise ValueError(

@@ -95,6 +95,10 @@ _FLAT_INDEX = 12
 #: Of ``_FLAT_INDEX``, the walk's 64-bit counter and bound, which a kernel that walks no
 #: elements does not spend (the KV cache's advance: one length a program).
 _WALK_COUNTER = 4
+#: What the 64-bit arithmetic of a cache's visible keys adds (``kv_visible``: the row's
+#: length, its causal offset and window, the split's start and the clamp; ptxas counts
+#: 20 registers on sm_80, 22 on sm_90a, for ``examples/decode.tsr``'s ``step_k9``).
+_VISIBLE = 8
 _REGISTER_FILE = 65536
 #: Warps in a wgmma warpgroup.
 _WARPGROUP = 4
@@ -141,7 +145,8 @@ def _base(kernel: TileKernel, hw: Hardware) -> int:
     ]
     vectors = max(sum(_vector_words(t, kernel.vector) for t in each) for each in loads)
     walks = any(isinstance(r.type, TileType) for op in ops for r in op.results)
-    return _FLAT_INDEX - (0 if walks else _WALK_COUNTER) + 2 * tensors + vectors
+    visible = _VISIBLE if any(op.kind == "kv_visible" for op in ops) else 0
+    return _FLAT_INDEX - (0 if walks else _WALK_COUNTER) + 2 * tensors + vectors + visible
 
 
 def _vector_words(t: TileType, vector: int) -> int:

@@ -25,7 +25,8 @@ from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
 from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
-from .kvcache import cache_param, check_append, check_not_attended, rolling_window, room_guard
+from .kvattend import AttendCall, check_attend, default_scale, length_guards, library_module
+from .kvcache import cache_param, check_append, rolling_window, room_guard
 from .opcall import OpCall, OpSpec, SemanticError, bind
 from .optstate import adam_on_state
 from .schedule_spec import ScheduleSpec, apply_method
@@ -1162,8 +1163,8 @@ class Evaluator:
                 span,
             )
         self.function.check_level(spec, span, shown)
-        if spec.name == "flash_attention":
-            check_not_attended(shown, args)
+        if spec.name == "flash_attention" and any(_is_cache(e.value) for e in args):
+            return self._attend(args, keywords, span, shown)
         bound = bind(spec, args, keywords, span, shown)
         if any(isinstance(e.value, Poison) for e in bound.values()):
             return POISON
@@ -1262,6 +1263,58 @@ class Evaluator:
             return self.call_op(GRAPH_OPS["transpose"], [x], [], node.span, shown)
         dtype = Ev(DTypeRef(DTYPES[_TORCH_METHODS[name]]), node.span, _TORCH_METHODS[name])
         return self.call_op(GRAPH_OPS["cast"], [x, dtype], [], node.span, shown)
+
+    def _attend(self, args: list[Ev], keywords: list, span: Span, shown: str) -> Any:
+        """``flash_attention(q, cache, causal=..., scale=...)``: attention of ``q`` over
+        the keys and values the cache holds (``graph.kvattend``)."""
+        if len(args) != 2 or not _is_cache(args[1].value):
+            raise SemanticError(
+                f"{shown} over a KVCache takes the queries and the cache: {shown}(q, cache, "
+                "causal=True)",
+                span,
+            )
+        given = {name: ev for name, ev, _ in keywords}
+        for name, _, where in keywords:
+            if name not in ("causal", "scale", "dropout"):
+                raise SemanticError(f"{shown} has no parameter '{name}'", where)
+        causal = given.get("causal")
+        if causal is not None and not (isinstance(causal.value, Const)
+                                       and isinstance(causal.value.value, bool)):  # fmt: skip
+            raise SemanticError(f"{shown}: causal must be True or False", causal.span)
+        dropout = given.get("dropout")
+        if dropout is not None and not (is_number(dropout.value) and dropout.value.value == 0):
+            raise SemanticError(
+                f"{shown} over a KVCache attends without dropout: a decoding step has none",
+                dropout.span,
+            )
+        (q, cache), scale = args, given.get("scale")
+        if isinstance(q.value, Poison):
+            return POISON
+        if scale is not None and not is_number(scale.value):
+            raise SemanticError(f"{shown}: scale over a KVCache must be a number", scale.span)
+        check_attend(q.value.type if isinstance(q.value, Value) else None, cache.value.type,
+                     (q.span, cache.span), q.text)  # fmt: skip
+        number = (
+            float(scale.value.value) if scale is not None
+            else default_scale(cache.value.type.dims[3], span)
+        )  # fmt: skip
+        call = AttendCall(q.value.type, cache.value.type,
+                          bool(causal.value.value) if causal else False, number)  # fmt: skip
+        emitter = self._runtime(span)
+        param, appended = cache_param((op for b in emitter.blocks for op in b), cache.value)
+        for guard in length_guards(call, param.name, appended, span):
+            if all((g.tensor, g.left, g.right) != (guard.tensor, guard.left, guard.right)
+                   for g in emitter.guards):  # fmt: skip
+                emitter.guards.append(guard)
+        read = (cache.value,)
+        (k,) = emitter.emit("kvcache.k", read, (call.split_type(),), (), (), span)
+        (v,) = emitter.emit("kvcache.v", read, (call.split_type(),), (), (), span)
+        (seen,) = emitter.emit("kvcache.visible", read, (call.seen_type(),), call.attrs(), (),
+                               span)  # fmt: skip
+        (keys,) = emitter.emit("kvcache.k", read, (call.split_type(),), (), (), span)
+        values = [q, Ev(k, cache.span, "k"), Ev(v, cache.span, "v"), Ev(seen, span, "seen"),
+                  Ev(keys, cache.span, "keys")]  # fmt: skip
+        return self.function.call_library(library_module(call), values, span)
 
     def _append(self, node: ast.Call, cache: Value, args: list[Ev], keywords: list) -> Value:
         spec = OpSpec("append", (), lambda c: None, "graph")
@@ -1388,3 +1441,7 @@ def _refuse_run_time_size(node: ast.BinOp, left: Ev, right: Ev) -> None:
             f"or write float({size.text}) to compute in floats",
             node.span,
         )
+
+
+def _is_cache(value: Any) -> bool:
+    return isinstance(value, Value) and isinstance(value.type, KVCacheType)

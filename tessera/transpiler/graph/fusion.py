@@ -66,7 +66,12 @@ from .ir import Block, Function, GraphModule, Group, Op, Value, new_value
 from .rewrite import map_functions, remove_dead
 from .types import ScalarType, TensorType
 
-__all__ = ["fuse", "op_class", "kernel_order"]
+__all__ = ["fuse", "op_class", "kernel_order", "CACHE_VIEWS"]
+
+#: A cache's ``K`` and ``V`` (``cache.K``, and the splits ``flash_attention(q, cache)``
+#: reads): views of the caller's arrays, which the kernel that reads them loads where
+#: they lie (``tile.build``).
+CACHE_VIEWS = ("kvcache.k", "kvcache.v")
 
 _ANCHORS = {
     "matmul": "gemm",
@@ -78,6 +83,7 @@ _ANCHORS = {
     "norm_param_grad": "columns",
     "kvcache.append": "state",
     "kvcache.advance": "state",
+    "kvcache.visible": "state",
     "all_reduce": "collective",
     "all_gather": "collective",
     "reduce_scatter": "collective",
@@ -92,8 +98,7 @@ _REDUCTIONS = {
     "log_softmax_grad", "layernorm_grad", "rmsnorm_grad", "norm_stats",
 }  # fmt: skip
 _ELEMENTWISE = {
-    *ELEMENTWISE_MATH, *DRAWN, "expand_dims", "reshape", "rotary_embedding", "kvcache.k",
-    "kvcache.v",
+    *ELEMENTWISE_MATH, *DRAWN, "expand_dims", "reshape", "rotary_embedding", *CACHE_VIEWS,
 }  # fmt: skip
 #: Elementwise ops that a library row kernel computes: it loads its first operand
 #: through a prologue, and its other operands (rotary's cos and sin) from memory.
@@ -161,7 +166,7 @@ def _scalars_per_reader(block: Block) -> Block:
 
 
 def _is_view(op: Op) -> bool:
-    return op.kind in ("expand_dims", "reshape") or rows_permuted(op)
+    return op.kind in ("expand_dims", "reshape", *CACHE_VIEWS) or rows_permuted(op)
 
 
 def _placed_with_reader(op: Op, reader_count: dict[int, int]) -> bool:
@@ -412,8 +417,9 @@ def _kernels(
         cls = op_class(op)
         if cls != "elementwise":  # only an elementwise op loads other views where it reads them
             kept = [
-                g for g in given if ops[g[-1]].kind == "reshape" or _read_in_place(op, ops[g[-1]])
-            ]
+                g for g in given
+                if ops[g[-1]].kind in ("reshape", *CACHE_VIEWS) or _read_in_place(op, ops[g[-1]])
+            ]  # fmt: skip
             for indices in [g for g in given if g not in kept]:
                 own_kernel(indices)
             viewed = sorted({i for g in kept for i in g})

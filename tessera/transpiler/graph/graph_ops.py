@@ -1341,7 +1341,9 @@ def _flash_attention(call: OpCall) -> object:
     top-left corner, as PyTorch's ``is_causal``, when ``Sq != Sk``); ``dropout``
     (a probability, or a float parameter) drops attention weights and is an rng effect;
     ``scale`` (a number, or a float parameter) defaults to ``1/sqrt(D)``. Also available as
-    ``ops.flash_attention``."""
+    ``ops.flash_attention``. ``flash_attention(q, cache, causal=..., scale=...)`` attends
+    ``q [B, H_q, n, D]`` (the last ``n`` positions) to the positions a ``KVCache`` holds,
+    as ``tessera.decode_attention`` does, split-K on the device (docs/kv-cache.md)."""
     q, k, v = call.tensor("q"), call.tensor("k"), call.tensor("v")
     for name, value in (("q", q), ("k", k), ("v", v)):
         if value.type.rank < 2:

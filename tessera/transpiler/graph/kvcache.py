@@ -10,7 +10,6 @@ is an error at the call, not a write out of bounds at run time; the run-time cac
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 from ..frontend.source import Span
 from .dims import Dim
@@ -19,7 +18,7 @@ from .opcall import SemanticError
 from .types import KVCacheType, TensorType
 
 __all__ = [
-    "check_append", "check_not_attended", "rolling_window", "flat_names", "cache_param",
+    "check_append", "rolling_window", "flat_names", "cache_param",
     "room_guard",
 ]  # fmt: skip
 
@@ -114,16 +113,3 @@ def check_append(cache: KVCacheType, operands: list[tuple[str, TensorType, Span]
         where = f"the cache's window of {window}" if window else f"a cache of S_max = {room}"
         hint = "" if window is not None else "; declare @rolling_window to keep the last positions"
         raise SemanticError(f"KVCache.append: {n} positions never fit {where}{hint}", k_span)
-
-
-def check_not_attended(op: str, args: list[Any]) -> None:
-    """Raise ``SemanticError`` at a cache passed to ``op`` (seed 004's ``flash_attention(q,
-    cache)``): attention over a cache's lengths is not compiled yet, and reading its whole
-    ``K`` and ``V`` instead would attend to slots that hold no position."""
-    for ev in args:
-        if isinstance(ev.value, Value) and isinstance(ev.value.type, KVCacheType):
-            raise SemanticError(
-                f"{op} over a KVCache is not compiled yet: call tessera.decode_attention(q, "
-                "cache) from Python between compiled functions (docs/kv-cache.md)",
-                ev.span,
-            )

@@ -114,7 +114,12 @@ views again. Where the count is symbolic it must be whole: `x[:, 1::2]` of an ev
 of a slice is one view |
 | `x[:, i]` | element `i` along an axis, without the axis (`h[:, -1]`: the last position): the \
 slice `i:i+1`, copied, reshaped |
-| `cache.K`, `cache.V` | the key and value tensors of a `KVCache[B, H, S_max, D_h, dtype]` |
+| `cache.K`, `cache.V` | the key and value tensors of a `KVCache[B, H, S_max, D_h, dtype]`, \
+all `S_max` slots, as the appends before them left them; the kernel that reads them reads \
+the caller's arrays where they lie |
+| `flash_attention(q, cache, causal=...)` | attention of `q [B, H_q, n, D]` over the \
+positions the cache holds, as `tessera.decode_attention` computes it \
+([kv-cache.md](kv-cache.md#flash_attentionq-cache-in-a-compiled-function)) |
 | `cache.append(k, v)` | the cache with `k` and `v` appended, written in place into the \
 caller's arrays: a state effect, two launches in program order \
 ([kv-cache.md](kv-cache.md#in-tsr-source)) |

@@ -354,6 +354,17 @@ class _FunctionAnalyzer:
             return _TileCall(self, node, span).call(args, keywords)
         return _Inlined(self, node, span).call(args, keywords)
 
+    def call_library(self, module: ast.Module, args: list[Ev], span: Span) -> Value | Poison:
+        """Run the library graph function ``attend`` of ``module`` (``graph.kvattend``)
+        on ``args``, here, as a call of a function of the file; its ops and guards take
+        ``span``, the call that it implements, so that every message points there."""
+        ops, guards = len(self.blocks[-1]), len(self.guards)
+        result = _LibraryCall(self, module, span).call(args, [])
+        block = self.blocks[-1]
+        block[ops:] = [replace(op, span=span) for op in block[ops:]]
+        self.guards[guards:] = [replace(g, span=span) for g in self.guards[guards:]]
+        return result
+
     # -- the Emitter protocol for op rules -----------------------------------------
 
     def emit(
@@ -1459,6 +1470,20 @@ class _Inlined(_FunctionAnalyzer):
             raise SemanticError(f"{where} is {t.kind}, given {describe(v)}", ev.span)
         if t.kind == "int" and v.name is not None:
             self.dims[name] = Dim.sym(v.name)  # the caller's int parameter, a size there
+
+
+class _LibraryCall(_Inlined):
+    """A graph function of a library module (``graph.kvattend``), called as a function
+    of the file is (``_Inlined``); the names it calls are the module's functions, never
+    the file's."""
+
+    def __init__(self, caller: _FunctionAnalyzer, module: ast.Module, span: Span) -> None:
+        self.library = {f.name: f for f in module.body if isinstance(f, ast.FunctionDef)}
+        super().__init__(caller, self.library["attend"], span)
+
+    def function_named(self, name: str, span: Span) -> FunctionRef | None:
+        node = self.library.get(name)
+        return FunctionRef(node) if node is not None and node is not self.node else None
 
 
 class _TileCall(_Inlined):

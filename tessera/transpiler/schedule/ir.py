@@ -10,12 +10,13 @@ overlap.
 
 from __future__ import annotations
 
+import re
 from dataclasses import field
 
 from ...frozen import frozen
 from ..frontend.source import Span
 from ..graph.dims import Dim
-from ..graph.ir import Guard, StateSlot
+from ..graph.ir import RESULT, Guard, StateSlot
 from ..graph.types import TensorType, ValueType
 
 __all__ = ["GridDim", "Launch", "Buffer", "CacheSlot", "HostProgram", "ScheduleModule"]
@@ -74,9 +75,13 @@ class Launch:
 def param_name(printed: str) -> str:
     """The name a kernel takes a Graph IR value by: its source name (``h`` for ``%h``,
     ``h_1`` for a later definition ``%h.1``, which the printer never gives a name that
-    another value has), ``t3`` for an unnamed ``%3``."""
+    another value has), ``t3`` for an unnamed ``%3``, and ``out_value`` for a value
+    named ``out`` (or ``out0``, ...): those are the names the entry passes its results
+    by (``graph.ir.result_names``), which an intermediate of that name took before."""
     name = printed.removeprefix("%").replace(".", "_")
-    return f"t{name}" if name[:1].isdigit() else name
+    if name[:1].isdigit():
+        return f"t{name}"
+    return f"{name}_value" if re.fullmatch(rf"{RESULT}\d*", name) else name
 
 
 @frozen

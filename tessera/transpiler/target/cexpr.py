@@ -18,6 +18,7 @@ __all__ = [
     "saturated",
     "integer_variant",
     "kv_slot",
+    "kv_visible",
     "param_name",
     "names_used",
     "MAX_INLINED_OPS",
@@ -113,6 +114,32 @@ def kv_slot(op: Any, lengths: str, c: Callable[[Dim], str]) -> str:
     ring = f"({c(op.attr('ring'))})"
     length = f"{lengths}[{c(Dim.sym(op.attr('batch')))}]"
     return f"({length} % {ring} + {ring} + {c(Dim.sym(op.attr('row')))}) % {ring}"
+
+
+def kv_visible(op: Any, seen: str, lengths: str, index: str, c: Callable[[Dim], str]) -> str:
+    """The C statement of a ``kv_visible`` op (``tile.kvcache``): this program's entry of
+    ``seen``, the keys of its split that its query row sees, over the pointers ``seen``
+    and ``lengths`` (sizes printed by ``c``, integers of type ``index``). The row is
+    query ``row % n`` of the ``n`` last positions, which sees the positions up to its
+    own when causal, at most the last ``W`` with a window; the split's count is that
+    less the split's start, within ``[0, C]``. A row that sees nothing of the cache
+    (fewer positions than queries), or causal rows over a window that has wrapped
+    (whose own keys are overwritten), sees no key in any split: its output is NaN."""
+    n, chunk = f"({c(op.attr('rows'))})", f"({c(op.attr('chunk'))})"
+    batch, program, row = (c(Dim.sym(op.attr(a))) for a in ("batch", "program", "row"))
+    length = f"{lengths}[{batch}]"
+    count = f"{length} - ({n} - 1 - {row} % {n})" if op.attr("causal") else length
+    window = op.attr("window")
+    if window is not None:
+        count = f"({count} < {window} ? {count} : {window})"
+        if op.attr("causal"):
+            count = f"({n} > 1 && {length} > {window} ? 0 : {count})"
+    start = f"({program} % {op.attr('splits')}) * {chunk}"
+    at = f"({batch} * ({c(op.attr('programs'))}) + {program}) * ({c(op.attr('stacked'))}) + {row}"
+    return (
+        f"{{ const {index} seen_ = ({count}) - {start}; "
+        f"{seen}[{at}] = (int)(seen_ < 0 ? 0 : (seen_ > {chunk} ? {chunk} : seen_)); }}"
+    )
 
 
 def c_float(value: float) -> str:

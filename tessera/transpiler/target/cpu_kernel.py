@@ -38,6 +38,7 @@ from .cexpr import (
     c_float,
     integer_variant,
     kv_slot,
+    kv_visible,
     param_name,
     saturated,
 )
@@ -412,6 +413,10 @@ class _Emitter:
         name = self.namer.fresh(op.result.name or "slot")
         self.counters[op.result.name] = name
         self.line(f"const tsr::i64 {name} = {kv_slot(op, self.name(op.operands[0]), self.c)};")
+
+    def op_kv_visible(self, op: Op) -> None:
+        seen, lengths = (self.name(v) for v in op.operands)
+        self.line(kv_visible(op, seen, lengths, "tsr::i64", self.c))
 
     def op_kv_advance(self, op: Op) -> None:
         lengths, row = self.name(op.operands[0]), self.c(Dim.sym(op.attr("pid")))

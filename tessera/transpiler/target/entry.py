@@ -37,17 +37,19 @@ def symbols(types: list[Any]) -> tuple[str, ...]:
 
 
 #: The ops that name a size outside their tensors' dims, and the attribute that holds it.
-_SIZE_ATTR = {"dim_to_float": "dim", "kv_advance": "n"}
+_SIZE_ATTRS = {"dim_to_float": ("dim",), "kv_advance": ("n",),
+               "kv_visible": ("rows", "chunk", "programs", "stacked")}  # fmt: skip
 
 
 def kernel_sizes(kernel: TileKernel) -> tuple[str, ...]:
     """The size symbols a kernel takes: those of its tensors' dims, then those that only
     a size read as a float names (``float(R - 1)`` in a kernel over ``[1, C]``: the
-    divisor of a variance over the rows), or a cache's advance adds (its appended ``n``)."""
+    divisor of a variance over the rows), a cache's advance adds (its appended ``n``) or
+    its visible keys read (the query rows, the split's keys)."""
     found = dict.fromkeys(symbols([p.type for p in kernel.params]))
     for op in walk(kernel.body):
-        if op.kind in ("dim_to_float", "kv_advance"):
-            found.update(dict.fromkeys(sorted(op.attr(_SIZE_ATTR[op.kind]).symbols())))
+        for attr in _SIZE_ATTRS.get(op.kind, ()):
+            found.update(dict.fromkeys(sorted(op.attr(attr).symbols())))
     return tuple(found)
 
 

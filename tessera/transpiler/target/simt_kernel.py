@@ -47,7 +47,15 @@ from ..schedule.hardware import GRID_COLUMNS
 from ..tile.ir import STORES, Access, Mma, TileKernel
 from ..tile.rewrite import producers, use_counts
 from ..tile.tma import tma_stages
-from .cexpr import MAX_INLINED_OPS, c_dim, c_factor, integer_variant, kv_slot, saturated
+from .cexpr import (
+    MAX_INLINED_OPS,
+    c_dim,
+    c_factor,
+    integer_variant,
+    kv_slot,
+    kv_visible,
+    saturated,
+)
 from .debug_checks import bounds_lines
 from .index_names import with_named_indices
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer, symbol_names
@@ -748,6 +756,13 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         name = self.symbols[op.result.name]
         expr = kv_slot(op, self.forms[op.operands[0].id].name, self.c)
         self.line(f"const {self.d.index_type} {name} = {expr};")
+
+    def op_kv_visible(self, op: Op) -> None:
+        """The keys of its split that this program's query row sees, written by one
+        thread (``kv_visible``)."""
+        seen, lengths = (self.forms[v.id].name for v in op.operands)
+        statement = kv_visible(op, seen, lengths, self.d.index_type, self.c)
+        self.line(f"if (lid == 0) {statement}")
 
     def op_kv_advance(self, op: Op) -> None:
         """A cache's length grows by the positions appended, written by one thread."""

@@ -15,9 +15,10 @@ import dataclasses
 from ..frontend.diagnostics import Diagnostics
 from ..frontend.source import Span
 from ..graph.dims import Dim
-from ..graph.fusion import kernel_order, op_class
+from ..graph.fusion import CACHE_VIEWS, kernel_order, op_class
 from ..graph.graph_ops import DRAWN, ELEMENTWISE_MATH, retyping_view, rows_permuted
 from ..graph.ir import RESULT, Function, GraphModule, Group, Op, Value, new_value, result_names
+from ..graph.kvcache import cache_param, flat_names
 from ..graph.printer import value_names
 from ..graph.types import KVCacheType, ScalarType, TensorType, in_memory
 from ..options import Options
@@ -104,6 +105,8 @@ def _lower_launch(
     # cache is no result (its arrays are a parameter's, written in place).
     results = {v.id: out for v, out in zip(yields, result_names(len(yields)), strict=True)}
     rename: dict[int, Value] = {}
+    # the cache views first: the last parameter is the kernel's output
+    ops = _cache_views(function, kernel_order([function.body.ops[i] for i in group.ops]), rename)
     for printed in (*launch.reads, *launch.writes):
         if printed in names and not isinstance(names[printed].type, KVCacheType):
             v = names[printed]
@@ -111,7 +114,6 @@ def _lower_launch(
     if group.kind == "state":
         (op,) = (function.body.ops[i] for i in group.ops)  # fusion adds nothing to it
         return cache_kernel(function, op, launch, name, rename)
-    ops = kernel_order([function.body.ops[i] for i in group.ops])
     split = next(
         (op for op in ops if op.kind == "split_qkv" and op.result.type.dims[-3].constant is None),
         None,
@@ -155,6 +157,27 @@ def _lower_launch(
             given, output=dataclasses.replace(out, type=kept_axis_dropped(out.type))
         )
     return lower_tile_function(fn, launch, given)
+
+
+def _cache_views(function: Function, ops: list[Op], rename: dict[int, Value]) -> list[Op]:
+    """``ops`` without the cache views (``kvcache.k``, ``kvcache.v``): each is the
+    kernel's parameter that the entry passes the cache's array as (``cache_k``), with
+    the dims the view reads it with (the arrays are contiguous)."""
+    kept = []
+    for op in ops:
+        if op.kind not in CACHE_VIEWS:
+            kept.append(op)
+            continue
+        cache, _ = cache_param(function.body.ops, op.operands[0])
+        k_name, v_name, _ = flat_names(cache.name)
+        array = new_value(in_memory(op.result.type), k_name if op.kind == "kvcache.k" else v_name)
+        if op is ops[-1]:  # the kernel's result (``return cache.K``): a copy of the array
+            rename[array.id] = array
+            dtype = (("dtype", op.result.type.dtype),)
+            kept.append(Op("cast", (array,), op.results, dtype, span=op.span))
+        else:
+            rename[op.result.id] = array
+    return kept
 
 
 def _views_as_params(ops: list[Op], rename: dict[int, Value]) -> list[Op]:

@@ -21,6 +21,7 @@ barriers stand where they are needed. Operations reuse the Graph IR's ``Op``,
 ``mask_edge``        set a tile's elements past a ragged edge to a fill value
 ``kv_slot``          the slot a cache append writes a row into (``tile.kvcache``)
 ``kv_advance``       a cache's length grows by the positions appended
+``kv_visible``       the keys of its split a query row sees, from a cache's length
 ``for`` / ``if``     structured control flow, as in the Graph IR
 """
 
@@ -53,7 +54,7 @@ __all__ = [
 ]
 
 #: The ops that write the tensor that is their first operand.
-STORES = ("store", "kv_advance")
+STORES = ("store", "kv_advance", "kv_visible")
 
 
 @frozen

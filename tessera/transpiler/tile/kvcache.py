@@ -11,6 +11,13 @@ launches, in program order:
                      ``v`` there, into the caller's arrays
 ``kvcache.advance``  one program per batch row: ``lengths[b] += n``
 
+``flash_attention(q, cache)`` (``graph.kvattend``) reads the lengths in one launch:
+
+``kvcache.visible``  one program per stacked query row and (batch row, key head and
+                     split): how many keys of its split the row sees, ``seen [B*H*P,
+                     G*n, 1]``, from the row's length as the launches before it left
+                     it (``cexpr.kv_visible``)
+
 The lengths grow in a launch of their own because every program of the append reads
 them: a program that added to them while another still read them would race. The slot
 is taken modulo the ring whatever the lengths hold, so no store is ever out of bounds;
@@ -45,8 +52,9 @@ def flat_types(t: KVCacheType) -> tuple[TensorType, TensorType, TensorType]:
 def cache_kernel(
     function: Function, op: Op, launch: Launch, name: str, tensors: dict[int, Value]
 ) -> TileKernel:
-    """The kernel of ``op`` (``kvcache.append`` or ``kvcache.advance``); ``tensors`` are
-    the kernel parameters of the group's other operands (``k`` and ``v``), by value id."""
+    """The kernel of ``op`` (``kvcache.append``, ``kvcache.advance`` or
+    ``kvcache.visible``); ``tensors`` are the kernel parameters of the group's other
+    operands (``k`` and ``v``) and of the result it writes (``seen``), by value id."""
     cache, _ = cache_param(function.body.ops, op.operands[0])
     t = cache.type
     assert isinstance(t, KVCacheType) and cache.name is not None
@@ -55,7 +63,17 @@ def cache_kernel(
         new_value(ty, n)
         for ty, n in zip((k_type, v_type, lengths_type), flat_names(cache.name), strict=True)
     )
-    if op.kind == "kvcache.advance":
+    if op.kind == "kvcache.visible":
+        seen = tensors[op.result.id]
+        programs, stacked, _ = seen.type.dims
+        grid = (GridAxis("pid_m", stacked), GridAxis("pid_b0", t.dims[0]),
+                GridAxis("pid_b1", programs / t.dims[0]))  # fmt: skip
+        where = (("batch", "pid_b0"), ("program", "pid_b1"), ("row", "pid_m"),
+                 ("programs", programs / t.dims[0]), ("stacked", stacked),
+                 *op.attrs)  # fmt: skip
+        body = (Op("kv_visible", (seen, lengths), (), where, ("write",), span=op.span),)
+        params = (seen, lengths)
+    elif op.kind == "kvcache.advance":
         grid = (GridAxis("pid_m", t.dims[0]),)
         body = (Op("kv_advance", (lengths,), (), (("pid", "pid_m"), ("n", op.attr("n"))),
                    ("write",), span=op.span),)  # fmt: skip
@@ -88,7 +106,10 @@ def cache_kernel(
     )  # fmt: skip
 
 
-_TEMPLATES = {"kvcache.append": "kvcache_append", "kvcache.advance": "kvcache_advance"}
+_TEMPLATES = {
+    "kvcache.append": "kvcache_append", "kvcache.advance": "kvcache_advance",
+    "kvcache.visible": "kvcache_visible",
+}  # fmt: skip
 
 
 def _rows(tensor: Value, row: Dim) -> Access:
