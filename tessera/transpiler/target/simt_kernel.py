@@ -267,6 +267,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.sources = SourceLines()
         #: While a walk over a distribution runs: that distribution, and where it began.
         self.walking: Distribution | None = None
+        #: The index of the element the current walk's thread holds at its own slot.
+        self.walk_index: tuple[str, ...] = ()
         self.walk_head = self.walk_start = 0
         self.stored = {op.operands[0].id for op in walk(kernel.body) if op.kind in STORES}
         #: While a store's value is printed: the terms of the condition it is stored under,
@@ -496,8 +498,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                 return "r"
             if isinstance(self.walking, (Grid, Fragments)) and rows_of(self.walking) == form.dist:
                 return self.row_slot(self.walking)
-        elif self.walking == form.dist and own == index:
-            return "t"
+        elif self.walking == form.dist and own == index == self.walk_index:
+            return "t"  # not a shifted element (a concat's later piece): another thread's
         raise NotLowered("a value held in registers, read where another thread holds it")
 
     def row_slot(self, dist: Grid | Fragments) -> str:
@@ -602,7 +604,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                 self.line(f"const int j = tx + c * {tx};")
                 self.line(f"const int t = r * {dist.rn} + c;")
                 index = ("i", "j")
-        self.walking = dist
+        self.walking, self.walk_index = dist, index
         self.walk_start = len(self.lines)
         return index
 
@@ -1236,7 +1238,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         them; at a ragged edge, or in a tensor whose rows do not keep the alignment, each
         element goes alone."""
         shape, out = dist.shape, tuple(tile.type.dims)
-        self.walking = dist
+        self.walking, self.walk_index = dist, ("i", "j")
         value = self.at(tile, ("i", "j"), out)
         self.walking = None
         self.open_fragments(dist, 2)
