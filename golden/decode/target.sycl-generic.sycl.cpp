@@ -2270,6 +2270,26 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
   }
 }
 
+// ---- finish_k5_submit: submits finish_k5 to `queue` after the event `done`
+inline sycl::event finish_k5_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t6, const float* wd,
+    const float* x_1, float* out, const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      finish_k5(
+          t6, wd, x_1, out, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_k0: launch k0 of step: the library's rmsnorm
 // grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void step_k0(const float* __restrict__ x, const float* __restrict__ norm1,
@@ -2312,6 +2332,25 @@ inline void step_k0(const float* __restrict__ x, const float* __restrict__ norm1
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
         (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
+}
+
+// ---- step_k0_submit: submits step_k0 to `queue` after the event `done`
+inline sycl::event step_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, const float* norm1, float* h,
+    const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k0(
+          x, norm1, h, B, T, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- step_k1: launch k1 of step: the library's gemm
@@ -2398,6 +2437,26 @@ inline void step_k1(const float* __restrict__ h, const float* __restrict__ wq,
   }
 }
 
+// ---- step_k1_submit: submits step_k1 to `queue` after the event `done`
+inline sycl::event step_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wq, float* t0,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k1(
+          h, wq, t0, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_k2: launch k2 of step: the library's rotary_embedding
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 inline void step_k2(const float* __restrict__ t0, const float* __restrict__ cos_1,
@@ -2423,6 +2482,22 @@ inline void step_k2(const float* __restrict__ t0, const float* __restrict__ cos_
         + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
         * (cos_1[row * 32 + j - (32)]))));
   }
+}
+
+// ---- step_k2_submit: submits step_k2 to `queue` after the event `done`
+inline sycl::event step_k2_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t0, const float* cos_1,
+    const float* sin_1, float* q_1, const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(4, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k2(t0, cos_1, sin_1, q_1, B, T, it);
+    });
+  });
 }
 
 // ---- step_k3: launch k3 of step: the library's gemm
@@ -2509,6 +2584,26 @@ inline void step_k3(const float* __restrict__ h, const float* __restrict__ wk,
   }
 }
 
+// ---- step_k3_submit: submits step_k3 to `queue` after the event `done`
+inline sycl::event step_k3_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wk, float* t3,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (2));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k3(
+          h, wk, t3, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_k4: launch k4 of step: the library's rotary_embedding
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void step_k4(const float* __restrict__ t3, const float* __restrict__ cos_1,
@@ -2534,6 +2629,22 @@ inline void step_k4(const float* __restrict__ t3, const float* __restrict__ cos_
         + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
         * (cos_1[row * 32 + j - (32)]))));
   }
+}
+
+// ---- step_k4_submit: submits step_k4 to `queue` after the event `done`
+inline sycl::event step_k4_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t3, const float* cos_1,
+    const float* sin_1, float* k, const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k4(t3, cos_1, sin_1, k, B, T, it);
+    });
+  });
 }
 
 // ---- step_k5: launch k5 of step: the library's gemm
@@ -2620,6 +2731,26 @@ inline void step_k5(const float* __restrict__ h, const float* __restrict__ wv,
   }
 }
 
+// ---- step_k5_submit: submits step_k5 to `queue` after the event `done`
+inline sycl::event step_k5_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wv, float* t6,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (2));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k5(
+          h, wv, t6, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_k6: launch k6 of step: the library's elementwise
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void step_k6(const float* __restrict__ t6, float* __restrict__ v, const long long B,
@@ -2638,6 +2769,22 @@ inline void step_k6(const float* __restrict__ t6, float* __restrict__ v, const l
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
         (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
   }
+}
+
+// ---- step_k6_submit: submits step_k6 to `queue` after the event `done`
+inline sycl::event step_k6_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t6, float* v, const long long B,
+    const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k6(t6, v, B, T, it);
+    });
+  });
 }
 
 // ---- step_k7: launch k7 of step: the KV cache's append
@@ -2669,6 +2816,22 @@ inline void step_k7(float* __restrict__ cache_k, float* __restrict__ cache_v,
   }
 }
 
+// ---- step_k7_submit: submits step_k7 to `queue` after the event `done`
+inline sycl::event step_k7_submit(
+    sycl::queue& queue, const sycl::event& done, float* cache_k, float* cache_v,
+    const long long* cache_lengths, const float* k, const float* v, const long long B,
+    const long long S, const long long T) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * (T));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k7(cache_k, cache_v, cache_lengths, k, v, B, S, T, it);
+    });
+  });
+}
+
 // ---- step_k8: launch k8 of step: the KV cache's advance
 // grid [pid_m < B], 256 threads per program
 inline void step_k8(long long* __restrict__ cache_lengths, const long long B, const long long T,
@@ -2678,6 +2841,21 @@ inline void step_k8(long long* __restrict__ cache_lengths, const long long B, co
   const long long pid_m = it.get_group(2);
   // decode.tsr:67: cache = cache.append(k, v)
   if (lid == 0) cache_lengths[pid_m] += T;
+}
+
+// ---- step_k8_submit: submits step_k8 to `queue` after the event `done`
+inline sycl::event step_k8_submit(
+    sycl::queue& queue, const sycl::event& done, long long* cache_lengths, const long long B,
+    const long long T) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * (B));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k8(cache_lengths, B, T, it);
+    });
+  });
 }
 
 // ---- step_k9: launch k9 of step: the KV cache's visible
@@ -2694,6 +2872,21 @@ inline void step_k9(int* __restrict__ t11, const long long* __restrict__ cache_l
       (cache_lengths[pid_b0] - ((T) - 1 - pid_m % (T))) - (pid_b1 % 1) * (S);
       t11[(pid_b0 * (2) + pid_b1) * (2*T) + pid_m] =
       (int)(seen_ < 0 ? 0 : (seen_ > (S) ? (S) : seen_)); }
+}
+
+// ---- step_k9_submit: submits step_k9 to `queue` after the event `done`
+inline sycl::event step_k9_submit(
+    sycl::queue& queue, const sycl::event& done, int* t11, const long long* cache_lengths,
+    const long long B, const long long T, const long long S) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * (2*T));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k9(t11, cache_lengths, B, T, S, it);
+    });
+  });
 }
 
 // ---- step_k10: launch k10 of step: the tile kernel decode_partial
@@ -2910,6 +3103,33 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
   }
 }
 
+// ---- step_k10_submit: submits step_k10 to `queue` after the event `done`
+inline sycl::event step_k10_submit(
+    sycl::queue& queue, const sycl::event& done, const float* cache_k, const float* cache_v,
+    const float* q_1, const int* t11, float* attended, const long long B, const long long S,
+    const long long T) {
+  constexpr int BM = 32;
+  constexpr int THREADS = 128;
+  constexpr int P_STAGE_SIZE = 1056;
+  constexpr int ROWS_SIZE = 512;
+  constexpr int SMEM_CHUNKS = 1536;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    sycl::local_accessor<float, 1> tsr_rows(sycl::range<1>(ROWS_SIZE), cgh);
+    sycl::local_accessor<float, 1> p_stage(sycl::range<1>(P_STAGE_SIZE), cgh);
+    const sycl::range<3> global(1, 2*B, THREADS * ((2*T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k10(
+          cache_k, cache_v, q_1, t11, attended, B, S, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get(),
+          tsr_rows.get_multi_ptr<sycl::access::decorated::no>().get(),
+          p_stage.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_k11: launch k11 of step: the library's elementwise
 // grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 128 threads per program
 inline void step_k11(const float* __restrict__ attended, float* __restrict__ t13,
@@ -2928,6 +3148,21 @@ inline void step_k11(const float* __restrict__ attended, float* __restrict__ t13
     t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
         (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
   }
+}
+
+// ---- step_k11_submit: submits step_k11 to `queue` after the event `done`
+inline sycl::event step_k11_submit(
+    sycl::queue& queue, const sycl::event& done, const float* attended, float* t13,
+    const long long B, const long long T) {
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(T, B, THREADS);
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k11(attended, t13, B, T, it);
+    });
+  });
 }
 
 // ---- step_k12: launch k12 of step: the library's gemm
@@ -3016,6 +3251,26 @@ inline void step_k12(const float* __restrict__ t13, const float* __restrict__ wo
   }
 }
 
+// ---- step_k12_submit: submits step_k12 to `queue` after the event `done`
+inline sycl::event step_k12_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t13, const float* wo, const float* x,
+    float* x_1, const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k12(
+          t13, wo, x, x_1, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_k13: launch k13 of step: the library's rmsnorm
 // grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void step_k13(const float* __restrict__ x_1, const float* __restrict__ norm2,
@@ -3058,6 +3313,26 @@ inline void step_k13(const float* __restrict__ x_1, const float* __restrict__ no
     if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
         (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
+}
+
+// ---- step_k13_submit: submits step_k13 to `queue` after the event `done`
+inline sycl::event step_k13_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x_1, const float* norm2, float* h_1,
+    const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k13(
+          x_1, norm2, h_1, B, T, it,
+          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- step_k14: launch k14 of step: the library's gemm
@@ -3146,6 +3421,26 @@ inline void step_k14(const float* __restrict__ h_1, const float* __restrict__ wg
   }
 }
 
+// ---- step_k14_submit: submits step_k14 to `queue` after the event `done`
+inline sycl::event step_k14_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h_1, const float* wg, float* t17,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (8));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k14(
+          h_1, wg, t17, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_k15: launch k15 of step: the library's gemm
 // grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void step_k15(const float* __restrict__ h_1, const float* __restrict__ wu,
@@ -3230,6 +3525,26 @@ inline void step_k15(const float* __restrict__ h_1, const float* __restrict__ wu
           ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
     }
   }
+}
+
+// ---- step_k15_submit: submits step_k15 to `queue` after the event `done`
+inline sycl::event step_k15_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h_1, const float* wu,
+    const float* t17, float* t19, const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (8));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k15(
+          h_1, wu, t17, t19, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- step_k16: launch k16 of step: the library's gemm
@@ -3318,6 +3633,26 @@ inline void step_k16(const float* __restrict__ t19, const float* __restrict__ wd
   }
 }
 
+// ---- step_k16_submit: submits step_k16 to `queue` after the event `done`
+inline sycl::event step_k16_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t19, const float* wd,
+    const float* x_1, float* out, const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_k16(
+          t19, wd, x_1, out, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_windowed_k0: launch k0 of step_windowed: the library's rmsnorm
 // grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void step_windowed_k0(const float* __restrict__ x, const float* __restrict__ norm1,
@@ -3360,6 +3695,25 @@ inline void step_windowed_k0(const float* __restrict__ x, const float* __restric
     if (row < T) h[(pid_b0 * T + row) * 256 + j] =
         (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
+}
+
+// ---- step_windowed_k0_submit: submits step_windowed_k0 to `queue` after the event `done`
+inline sycl::event step_windowed_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x, const float* norm1, float* h,
+    const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k0(
+          x, norm1, h, B, T, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- step_windowed_k1: launch k1 of step_windowed: the library's gemm
@@ -3446,6 +3800,26 @@ inline void step_windowed_k1(const float* __restrict__ h, const float* __restric
   }
 }
 
+// ---- step_windowed_k1_submit: submits step_windowed_k1 to `queue` after the event `done`
+inline sycl::event step_windowed_k1_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wq, float* t0,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k1(
+          h, wq, t0, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_windowed_k2: launch k2 of step_windowed: the library's rotary_embedding
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 4], 128 threads per program
 inline void step_windowed_k2(const float* __restrict__ t0, const float* __restrict__ cos_1,
@@ -3471,6 +3845,22 @@ inline void step_windowed_k2(const float* __restrict__ t0, const float* __restri
         + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
         * (cos_1[row * 32 + j - (32)]))));
   }
+}
+
+// ---- step_windowed_k2_submit: submits step_windowed_k2 to `queue` after the event `done`
+inline sycl::event step_windowed_k2_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t0, const float* cos_1,
+    const float* sin_1, float* q_1, const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(4, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k2(t0, cos_1, sin_1, q_1, B, T, it);
+    });
+  });
 }
 
 // ---- step_windowed_k3: launch k3 of step_windowed: the library's gemm
@@ -3557,6 +3947,26 @@ inline void step_windowed_k3(const float* __restrict__ h, const float* __restric
   }
 }
 
+// ---- step_windowed_k3_submit: submits step_windowed_k3 to `queue` after the event `done`
+inline sycl::event step_windowed_k3_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wk, float* t3,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (2));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k3(
+          h, wk, t3, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_windowed_k4: launch k4 of step_windowed: the library's rotary_embedding
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void step_windowed_k4(const float* __restrict__ t3, const float* __restrict__ cos_1,
@@ -3582,6 +3992,22 @@ inline void step_windowed_k4(const float* __restrict__ t3, const float* __restri
         + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
         * (cos_1[row * 32 + j - (32)]))));
   }
+}
+
+// ---- step_windowed_k4_submit: submits step_windowed_k4 to `queue` after the event `done`
+inline sycl::event step_windowed_k4_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t3, const float* cos_1,
+    const float* sin_1, float* k, const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k4(t3, cos_1, sin_1, k, B, T, it);
+    });
+  });
 }
 
 // ---- step_windowed_k5: launch k5 of step_windowed: the library's gemm
@@ -3668,6 +4094,26 @@ inline void step_windowed_k5(const float* __restrict__ h, const float* __restric
   }
 }
 
+// ---- step_windowed_k5_submit: submits step_windowed_k5 to `queue` after the event `done`
+inline sycl::event step_windowed_k5_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h, const float* wv, float* t6,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (2));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k5(
+          h, wv, t6, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_windowed_k6: launch k6 of step_windowed: the library's elementwise
 // grid [pid_m < ceil(T/BM), pid_b0 < B, pid_b1 < 2], 128 threads per program
 inline void step_windowed_k6(const float* __restrict__ t6, float* __restrict__ v,
@@ -3686,6 +4132,22 @@ inline void step_windowed_k6(const float* __restrict__ t6, float* __restrict__ v
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
         (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
   }
+}
+
+// ---- step_windowed_k6_submit: submits step_windowed_k6 to `queue` after the event `done`
+inline sycl::event step_windowed_k6_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t6, float* v, const long long B,
+    const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k6(t6, v, B, T, it);
+    });
+  });
 }
 
 // ---- step_windowed_k7: launch k7 of step_windowed: the KV cache's append
@@ -3717,6 +4179,22 @@ inline void step_windowed_k7(float* __restrict__ cache_k, float* __restrict__ ca
   }
 }
 
+// ---- step_windowed_k7_submit: submits step_windowed_k7 to `queue` after the event `done`
+inline sycl::event step_windowed_k7_submit(
+    sycl::queue& queue, const sycl::event& done, float* cache_k, float* cache_v,
+    const long long* cache_lengths, const float* k, const float* v, const long long B,
+    const long long S, const long long T) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * (T));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k7(cache_k, cache_v, cache_lengths, k, v, B, S, T, it);
+    });
+  });
+}
+
 // ---- step_windowed_k8: launch k8 of step_windowed: the KV cache's advance
 // grid [pid_m < B], 256 threads per program
 inline void step_windowed_k8(long long* __restrict__ cache_lengths, const long long B,
@@ -3726,6 +4204,21 @@ inline void step_windowed_k8(long long* __restrict__ cache_lengths, const long l
   const long long pid_m = it.get_group(2);
   // decode.tsr:82: cache = cache.append(k, v)
   if (lid == 0) cache_lengths[pid_m] += T;
+}
+
+// ---- step_windowed_k8_submit: submits step_windowed_k8 to `queue` after the event `done`
+inline sycl::event step_windowed_k8_submit(
+    sycl::queue& queue, const sycl::event& done, long long* cache_lengths, const long long B,
+    const long long T) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(1, 1, THREADS * (B));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k8(cache_lengths, B, T, it);
+    });
+  });
 }
 
 // ---- step_windowed_k9: launch k9 of step_windowed: the KV cache's visible
@@ -3744,6 +4237,21 @@ inline void step_windowed_k9(int* __restrict__ t11, const long long* __restrict_
       ? cache_lengths[pid_b0] - ((T) - 1 - pid_m % (T)) : 6))) - (pid_b1 % 1) * (S);
       t11[(pid_b0 * (2) + pid_b1) * (2*T) + pid_m] =
       (int)(seen_ < 0 ? 0 : (seen_ > (S) ? (S) : seen_)); }
+}
+
+// ---- step_windowed_k9_submit: submits step_windowed_k9 to `queue` after the event `done`
+inline sycl::event step_windowed_k9_submit(
+    sycl::queue& queue, const sycl::event& done, int* t11, const long long* cache_lengths,
+    const long long B, const long long T, const long long S) {
+  constexpr int THREADS = 256;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(2, B, THREADS * (2*T));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k9(t11, cache_lengths, B, T, S, it);
+    });
+  });
 }
 
 // ---- step_windowed_k10: launch k10 of step_windowed: the tile kernel decode_partial
@@ -3960,6 +4468,33 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
   }
 }
 
+// ---- step_windowed_k10_submit: submits step_windowed_k10 to `queue` after the event `done`
+inline sycl::event step_windowed_k10_submit(
+    sycl::queue& queue, const sycl::event& done, const float* cache_k, const float* cache_v,
+    const float* q_1, const int* t11, float* attended, const long long B, const long long S,
+    const long long T) {
+  constexpr int BM = 32;
+  constexpr int THREADS = 128;
+  constexpr int P_STAGE_SIZE = 1056;
+  constexpr int ROWS_SIZE = 512;
+  constexpr int SMEM_CHUNKS = 1536;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    sycl::local_accessor<float, 1> tsr_rows(sycl::range<1>(ROWS_SIZE), cgh);
+    sycl::local_accessor<float, 1> p_stage(sycl::range<1>(P_STAGE_SIZE), cgh);
+    const sycl::range<3> global(1, 2*B, THREADS * ((2*T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k10(
+          cache_k, cache_v, q_1, t11, attended, B, S, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get(),
+          tsr_rows.get_multi_ptr<sycl::access::decorated::no>().get(),
+          p_stage.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_windowed_k11: launch k11 of step_windowed: the library's elementwise
 // grid [pid_m < ceil(4/BM), pid_b0 < B, pid_b1 < T], 128 threads per program
 inline void step_windowed_k11(const float* __restrict__ attended, float* __restrict__ t13,
@@ -3978,6 +4513,21 @@ inline void step_windowed_k11(const float* __restrict__ attended, float* __restr
     t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
         (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
   }
+}
+
+// ---- step_windowed_k11_submit: submits step_windowed_k11 to `queue` after the event `done`
+inline sycl::event step_windowed_k11_submit(
+    sycl::queue& queue, const sycl::event& done, const float* attended, float* t13,
+    const long long B, const long long T) {
+  constexpr int THREADS = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    const sycl::range<3> global(T, B, THREADS);
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k11(attended, t13, B, T, it);
+    });
+  });
 }
 
 // ---- step_windowed_k12: launch k12 of step_windowed: the library's gemm
@@ -4066,6 +4616,26 @@ inline void step_windowed_k12(const float* __restrict__ t13, const float* __rest
   }
 }
 
+// ---- step_windowed_k12_submit: submits step_windowed_k12 to `queue` after the event `done`
+inline sycl::event step_windowed_k12_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t13, const float* wo, const float* x,
+    float* x_1, const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k12(
+          t13, wo, x, x_1, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_windowed_k13: launch k13 of step_windowed: the library's rmsnorm
 // grid [pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void step_windowed_k13(const float* __restrict__ x_1, const float* __restrict__ norm2,
@@ -4108,6 +4678,26 @@ inline void step_windowed_k13(const float* __restrict__ x_1, const float* __rest
     if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
         (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
+}
+
+// ---- step_windowed_k13_submit: submits step_windowed_k13 to `queue` after the event `done`
+inline sycl::event step_windowed_k13_submit(
+    sycl::queue& queue, const sycl::event& done, const float* x_1, const float* norm2, float* h_1,
+    const long long B, const long long T) {
+  constexpr int BM = 4;
+  constexpr int THREADS = 128;
+  constexpr int SCRATCH_SIZE = 128;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(SCRATCH_SIZE), cgh);
+    const sycl::range<3> global(1, B, THREADS * ((T + BM - 1) / BM));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k13(
+          x_1, norm2, h_1, B, T, it,
+          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- step_windowed_k14: launch k14 of step_windowed: the library's gemm
@@ -4196,6 +4786,26 @@ inline void step_windowed_k14(const float* __restrict__ h_1, const float* __rest
   }
 }
 
+// ---- step_windowed_k14_submit: submits step_windowed_k14 to `queue` after the event `done`
+inline sycl::event step_windowed_k14_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h_1, const float* wg, float* t17,
+    const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (8));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k14(
+          h_1, wg, t17, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
+}
+
 // ---- step_windowed_k15: launch k15 of step_windowed: the library's gemm
 // grid [pid_n < ceil(512/BN), pid_m < ceil(T/BM), pid_b0 < B], 128 threads per program
 inline void step_windowed_k15(const float* __restrict__ h_1, const float* __restrict__ wu,
@@ -4280,6 +4890,26 @@ inline void step_windowed_k15(const float* __restrict__ h_1, const float* __rest
           ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
     }
   }
+}
+
+// ---- step_windowed_k15_submit: submits step_windowed_k15 to `queue` after the event `done`
+inline sycl::event step_windowed_k15_submit(
+    sycl::queue& queue, const sycl::event& done, const float* h_1, const float* wu,
+    const float* t17, float* t19, const long long B, const long long T) {
+  constexpr int BM = 64;
+  constexpr int THREADS = 128;
+  constexpr int SMEM_CHUNKS = 512;
+  return queue.submit([&](sycl::handler& cgh) {
+    cgh.depends_on(done);
+    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
+    const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (8));
+    const sycl::range<3> group(1, 1, THREADS);
+    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
+      step_windowed_k15(
+          h_1, wu, t17, t19, B, T, it,
+          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
+    });
+  });
 }
 
 // ---- step_windowed_k16: launch k16 of step_windowed: the library's gemm
@@ -4368,9 +4998,9 @@ inline void step_windowed_k16(const float* __restrict__ t19, const float* __rest
   }
 }
 
-// ---- finish_k5_submit: submits finish_k5 to `queue` after the event `done`
-inline sycl::event finish_k5_submit(
-    sycl::queue& queue, const sycl::event& done, const float* t6, const float* wd,
+// ---- step_windowed_k16_submit: submits step_windowed_k16 to `queue` after the event `done`
+inline sycl::event step_windowed_k16_submit(
+    sycl::queue& queue, const sycl::event& done, const float* t19, const float* wd,
     const float* x_1, float* out, const long long B, const long long T) {
   constexpr int BM = 64;
   constexpr int THREADS = 128;
@@ -4381,8 +5011,8 @@ inline sycl::event finish_k5_submit(
     const sycl::range<3> global(B, (T + BM - 1) / BM, THREADS * (4));
     const sycl::range<3> group(1, 1, THREADS);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      finish_k5(
-          t6, wd, x_1, out, B, T, it,
+      step_windowed_k16(
+          t19, wd, x_1, out, B, T, it,
           (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -4526,175 +5156,23 @@ inline void step_1(
   float* const t17 = static_cast<float*>(sycl::malloc_device(2048*B*T, queue));
   float* const t19 = static_cast<float*>(sycl::malloc_device(2048*B*T, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k0(
-          x, norm1, h, B, T, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k1(
-          h, wq, t0, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(4, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k2(t0, cos_1, sin_1, q, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((128 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k3(
-          h, wk, t3, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k4(t3, cos_1, sin_1, k, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((128 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k5(
-          h, wv, t6, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k6(t6, v, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 256 * (T));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k7(cache_k, cache_v, cache_lengths, k, v, B, S, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 256 * (B));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k8(cache_lengths, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 256 * (2*T));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k9(t11, cache_lengths, B, T, S, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1536), cgh);
-    sycl::local_accessor<float, 1> tsr_rows(sycl::range<1>(512), cgh);
-    sycl::local_accessor<float, 1> p_stage(sycl::range<1>(1056), cgh);
-    const sycl::range<3> global(1, 2*B, 128 * ((2*T + 31) / 32));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k10(
-          cache_k, cache_v, q, t11, attended, B, S, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get(),
-          tsr_rows.get_multi_ptr<sycl::access::decorated::no>().get(),
-          p_stage.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(T, B, 128 * ((4 + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k11(attended, t13, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k12(
-          t13, wo, x, x_1, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k13(
-          x_1, norm2, h_1, B, T, it,
-          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((512 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k14(
-          h_1, wg, t17, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((512 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k15(
-          h_1, wu, t17, t19, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_k16(
-          t19, wd, x_1, out, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = step_k0_submit(queue, done, x, norm1, h, B, T);
+  done = step_k1_submit(queue, done, h, wq, t0, B, T);
+  done = step_k2_submit(queue, done, t0, cos_1, sin_1, q, B, T);
+  done = step_k3_submit(queue, done, h, wk, t3, B, T);
+  done = step_k4_submit(queue, done, t3, cos_1, sin_1, k, B, T);
+  done = step_k5_submit(queue, done, h, wv, t6, B, T);
+  done = step_k6_submit(queue, done, t6, v, B, T);
+  done = step_k7_submit(queue, done, cache_k, cache_v, cache_lengths, k, v, B, S, T);
+  done = step_k8_submit(queue, done, cache_lengths, B, T);
+  done = step_k9_submit(queue, done, t11, cache_lengths, B, T, S);
+  done = step_k10_submit(queue, done, cache_k, cache_v, q, t11, attended, B, S, T);
+  done = step_k11_submit(queue, done, attended, t13, B, T);
+  done = step_k12_submit(queue, done, t13, wo, x, x_1, B, T);
+  done = step_k13_submit(queue, done, x_1, norm2, h_1, B, T);
+  done = step_k14_submit(queue, done, h_1, wg, t17, B, T);
+  done = step_k15_submit(queue, done, h_1, wu, t17, t19, B, T);
+  done = step_k16_submit(queue, done, t19, wd, x_1, out, B, T);
   done.wait();
   sycl::free(h, queue);
   sycl::free(t0, queue);
@@ -4735,175 +5213,23 @@ inline void step_windowed(
   float* const t17 = static_cast<float*>(sycl::malloc_device(2048*B*T, queue));
   float* const t19 = static_cast<float*>(sycl::malloc_device(2048*B*T, queue));
   sycl::event done;
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k0(
-          x, norm1, h, B, T, it, tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k1(
-          h, wq, t0, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(4, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k2(t0, cos_1, sin_1, q, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((128 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k3(
-          h, wk, t3, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k4(t3, cos_1, sin_1, k, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((128 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k5(
-          h, wv, t6, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k6(t6, v, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 256 * (T));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k7(cache_k, cache_v, cache_lengths, k, v, B, S, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, 1, 256 * (B));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k8(cache_lengths, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(2, B, 256 * (2*T));
-    const sycl::range<3> group(1, 1, 256);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k9(t11, cache_lengths, B, T, S, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(1536), cgh);
-    sycl::local_accessor<float, 1> tsr_rows(sycl::range<1>(512), cgh);
-    sycl::local_accessor<float, 1> p_stage(sycl::range<1>(1056), cgh);
-    const sycl::range<3> global(1, 2*B, 128 * ((2*T + 31) / 32));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k10(
-          cache_k, cache_v, q, t11, attended, B, S, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get(),
-          tsr_rows.get_multi_ptr<sycl::access::decorated::no>().get(),
-          p_stage.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(T, B, 128 * ((4 + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k11(attended, t13, B, T, it);
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k12(
-          t13, wo, x, x_1, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<float, 1> tsr_scratch(sycl::range<1>(128), cgh);
-    const sycl::range<3> global(1, B, 128 * ((T + 3) / 4));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k13(
-          x_1, norm2, h_1, B, T, it,
-          tsr_scratch.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((512 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k14(
-          h_1, wg, t17, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((512 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k15(
-          h_1, wu, t17, t19, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
-  done = queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(512), cgh);
-    const sycl::range<3> global(B, (T + 63) / 64, 128 * ((256 + 63) / 64));
-    const sycl::range<3> group(1, 1, 128);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      step_windowed_k16(
-          t19, wd, x_1, out, B, T, it,
-          (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
-    });
-  });
+  done = step_windowed_k0_submit(queue, done, x, norm1, h, B, T);
+  done = step_windowed_k1_submit(queue, done, h, wq, t0, B, T);
+  done = step_windowed_k2_submit(queue, done, t0, cos_1, sin_1, q, B, T);
+  done = step_windowed_k3_submit(queue, done, h, wk, t3, B, T);
+  done = step_windowed_k4_submit(queue, done, t3, cos_1, sin_1, k, B, T);
+  done = step_windowed_k5_submit(queue, done, h, wv, t6, B, T);
+  done = step_windowed_k6_submit(queue, done, t6, v, B, T);
+  done = step_windowed_k7_submit(queue, done, cache_k, cache_v, cache_lengths, k, v, B, S, T);
+  done = step_windowed_k8_submit(queue, done, cache_lengths, B, T);
+  done = step_windowed_k9_submit(queue, done, t11, cache_lengths, B, T, S);
+  done = step_windowed_k10_submit(queue, done, cache_k, cache_v, q, t11, attended, B, S, T);
+  done = step_windowed_k11_submit(queue, done, attended, t13, B, T);
+  done = step_windowed_k12_submit(queue, done, t13, wo, x, x_1, B, T);
+  done = step_windowed_k13_submit(queue, done, x_1, norm2, h_1, B, T);
+  done = step_windowed_k14_submit(queue, done, h_1, wg, t17, B, T);
+  done = step_windowed_k15_submit(queue, done, h_1, wu, t17, t19, B, T);
+  done = step_windowed_k16_submit(queue, done, t19, wd, x_1, out, B, T);
   done.wait();
   sycl::free(h, queue);
   sycl::free(t0, queue);
