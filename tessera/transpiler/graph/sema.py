@@ -930,13 +930,6 @@ class _FunctionAnalyzer:
         for v in values:
             if not isinstance(v, Value):
                 raise SemanticError(f"a kernel returns tensors, not {describe(v)}", stmt.value.span)
-        if self.kind == "tile" and len(values) > 1:
-            raise SemanticError(
-                f"a tile kernel returns one tile, not {len(values)}: each program stores its "
-                "block of one result; write the others with tile.store, or in a kernel of "
-                "their own",
-                stmt.value.span,
-            )
         declared = _flat_result(self._declared_result())
         if declared is not None:
             wanted = result_types(declared)
@@ -951,6 +944,8 @@ class _FunctionAnalyzer:
             values = tuple(
                 self._match_result(v, t, ev) for v, t in zip(values, wanted, strict=True)
             )
+            if self.kind == "tile" and len(values) > 1:
+                _same_programs(values, wanted, stmt.value.span)
         self.returned = tuple(values)
         self.return_span = stmt.value.span
 
@@ -1278,6 +1273,45 @@ class _FunctionAnalyzer:
         )
         for name, result in zip(carried, results, strict=True):
             self.env[name] = self._named(result, name)
+
+
+#: The tile sizes whose blocks belong to the programs: a result's dim tiled by one is
+#: split among them (``T.m`` its rows, ``T.n`` its columns in a gemm-like grid).
+_PROGRAM_TILES = frozenset({"T.m", "T.n"})
+
+
+def _same_programs(values: tuple[Value, ...], declared: tuple[Any, ...], span: Span) -> None:
+    """A tile kernel that returns several tiles writes them all from the same programs,
+    gridded by the first: each program stores its block of every result. So the tiles
+    have one shape, and the results agree in the dims the grid walks (their batch dims
+    and the dims that ``T.m`` or ``T.n`` tiles); a whole dim (``C``, ``T.d``) may
+    differ. An error at the ``return`` otherwise."""
+    first, first_out = values[0].type, declared[0]
+    for i, (v, out) in enumerate(zip(values[1:], declared[1:], strict=True), start=1):
+        if not isinstance(v.type, TileType) or not isinstance(first, TileType):
+            raise SemanticError(
+                f"a tile kernel returns tiles: value {i + 1} of the return is {describe(v)}",
+                span,
+            )
+        if v.type.dims != first.dims:
+            raise SemanticError(
+                f"the tiles a tile kernel returns are stored by the same programs, so they "
+                f"have one shape: the first is {dims_text(first.dims)}, value {i + 1} "
+                f"{dims_text(v.type.dims)}",
+                span,
+            )
+        lead = first_out.rank - first.rank
+        walked = [a for a in range(first_out.rank)
+                  if a < lead or first.dims[a - lead].symbol in _PROGRAM_TILES]  # fmt: skip
+        if out.rank != first_out.rank or any(out.dims[a] != first_out.dims[a] for a in walked):
+            raise SemanticError(
+                f"the results of a tile kernel are stored by the same programs, which the "
+                f"first result grids: result {i + 1} is {dims_text(out.dims)}, the first "
+                f"{dims_text(first_out.dims)}, and their tiles are {dims_text(first.dims)}; "
+                "they must agree in the dims the programs walk (all but a whole dim a tile "
+                "spans)",
+                span,
+            )
 
 
 def _flat_result(declared: Any) -> Any:

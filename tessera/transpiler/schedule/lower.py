@@ -441,11 +441,12 @@ class _Scheduler:
         return Problem(kind, out.dtype, _product(out.dims))
 
     def _tile_problem(self, f: Function) -> Problem:
-        """A tile kernel's sizes, from its result (or what it stores) and its loop."""
+        """A tile kernel's sizes, from its result (the first, which grids the others:
+        sema checked that they agree), or what it stores, and its loop."""
         ops = list(walk(f.body))
         stores = [op.operands[0].type for op in ops if op.kind == "tile.store"]
         loads = [op.operands[0].type for op in ops if op.kind == "tile.load"]
-        out = f.result_type if isinstance(f.result_type, TensorType) else None
+        out = next((t for t in result_types(f.result_type) if isinstance(t, TensorType)), None)
         dims = (out or (stores or loads)[0]).dims
         # The loaded blocks of matrices are staged: the widest dtype sizes them (a weight
         # widened in the loop takes more shared memory than the activations beside it).

@@ -17,9 +17,9 @@ from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.fusion import kernel_order, op_class
 from ..graph.graph_ops import DRAWN, ELEMENTWISE_MATH, retyping_view, rows_permuted
-from ..graph.ir import RESULT, Function, GraphModule, Group, Op, Value, new_value, result_names
+from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value, result_names
 from ..graph.printer import value_names
-from ..graph.types import KVCacheType, ScalarType, TensorType, in_memory
+from ..graph.types import KVCacheType, ScalarType, TensorType, in_memory, result_types
 from ..options import Options
 from ..schedule.hardware import hardware_for
 from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
@@ -88,13 +88,14 @@ def _lower_launch(
 ) -> TileKernel | None:
     name = function.name if len(host.launches) == 1 else f"{function.name}_{launch.name}"
     if group.kind == "tile":
-        output = None
-        if isinstance(function.result_type, TensorType):
-            output = new_value(function.result_type, RESULT)
+        declared = [t for t in result_types(function.result_type) if isinstance(t, TensorType)]
+        outputs = tuple(
+            new_value(t, n) for t, n in zip(declared, result_names(len(declared)), strict=True)
+        )
         own = tuple(p.value for p in function.params)
         given = KernelInput(
-            name, function.name, own + ((output,) if output is not None else ()),
-            {v.id: v for v in own}, output,
+            name, function.name, own + outputs, {v.id: v for v in own},
+            outputs[0] if outputs else None, beside=outputs[1:],
         )  # fmt: skip
         return lower_tile_function(function, launch, given)
     names = {name: value for value, name in _named_values(function)}
