@@ -141,10 +141,11 @@ def _lower_launch(
         return None
     template = (template_of(anchor) if anchor is not None else None) or "elementwise"
     # the values it writes beside its result: an elementwise kernel stores them where
-    # it computes them (fusion lets no other kernel write several)
+    # it computes them (fusion lets no other kernel write several, but the results of
+    # an anchor that has several, which its kernel returns)
     written = [names[w] for w in launch.writes if w in names]
-    beside = {v.id: rename[v.id] for v in written[:-1]}
-    assert anchor is None or not beside, f"{name} writes {launch.writes}"
+    beside = {v.id: rename[v.id] for v in written[:-1]} if anchor is None else {}
+    assert anchor is None or len(written) == len(anchor.results), f"{name}: {launch.writes}"
     fn, given = instantiate(
         ops, anchor, template, params, rename, views, name, function.name, group.kind, beside
     )
@@ -279,7 +280,7 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
                 f"flash_attention with a value head dim ({dv}) other than the query's ({d}) "
                 "has no tile kernel yet: the kernel's head-dim tile serves q, k and v alike"
             )
-    if len(anchor.results) != 1 or (len(ops) > 1 and ops[-1].results == ()):
+    if (len(anchor.results) != 1 and ops != [anchor]) or (len(ops) > 1 and ops[-1].results == ()):
         return f"{anchor.kind} with these ops has no tile kernel yet"
     return None
 
