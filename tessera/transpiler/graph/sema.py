@@ -20,7 +20,13 @@ from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
 from . import loss_scale, optim, optstate, quant  # noqa: F401  (they register graph ops)
-from .annotations import resolve_result, resolve_type, type_expr, unimplemented_policies
+from .annotations import (
+    resolve_result,
+    resolve_type,
+    result_expr,
+    type_expr,
+    unimplemented_policies,
+)
 from .autodiff import Region
 from .custom_rules import CUSTOM_RULES, custom_region, custom_rule
 from .differentiate import differentiated, forward_mode
@@ -1469,7 +1475,7 @@ class _TileCall(_Inlined):
     types (``TileCallee``), and its scalar parameters take the scalar arguments: run-time
     values are the op's operands after the tensors, numbers its attributes."""
 
-    def call(self, args: list[Ev], keywords: list) -> Value | Poison:
+    def call(self, args: list[Ev], keywords: list) -> Value | tuple[Value, ...] | Poison:
         name = self.node.name
         if self.node.returns is None:
             raise SemanticError(
@@ -1483,7 +1489,7 @@ class _TileCall(_Inlined):
         if any(isinstance(ev.value, Poison) for ev in bound.values()):
             return POISON
         self._sizes(bound)
-        result = self._result()
+        results = self._results()
         operands: list[Value] = []
         names: list[str] = []
         constants: list[tuple[str, Any]] = []
@@ -1514,7 +1520,7 @@ class _TileCall(_Inlined):
                     "a number or an int parameter of the caller",
                     bound[p.name].span,
                 )
-        function = self._typed(typed, result)
+        function = self._typed(typed, results)
         store = next((op for op in walk(function.body) if op.kind == "tile.store"), None)
         if store is not None:
             raise SemanticError(
@@ -1532,32 +1538,36 @@ class _TileCall(_Inlined):
             ("constants", tuple(constants)),
         )  # fmt: skip
         start = len(self.blocks[-1])
-        (value,) = self.emit("tile_call", tuple(operands), (result,), attrs, (), self.span)
-        custom_region(self.caller, self.node, bound, (value,), start, self.span)
-        return value
+        values = self.emit("tile_call", tuple(operands), results, attrs, (), self.span)
+        custom_region(self.caller, self.node, bound, values, start, self.span)
+        return values[0] if len(values) == 1 else values
 
-    def _result(self) -> TensorType:
-        """The kernel's declared result with its sizes the caller's dims."""
+    def _results(self) -> tuple[TensorType, ...]:
+        """The kernel's declared results (one, or the tensors of a tuple) with their
+        sizes the caller's dims."""
         declared = resolve_result(self.node.returns, dict(self.owner.options.defines))
         span = self.node.returns.span
-        if not isinstance(declared, TensorType):
-            raise SemanticError(
-                f"{self.node.name}() returns {declared}: a tile kernel called from a graph "
-                "function returns one tensor",
-                span,
-            )
-        unknown = sorted(s for d in declared.dims for s in d.symbols() if s not in self.dims)
-        if unknown:
-            raise SemanticError(
-                f"{self.node.name}(): the size '{unknown[0]}' of its result is no argument's "
-                "size, so the call cannot say it",
-                self.span,
-                (Note("the result is declared here", span),),
-            )
-        dims = tuple(d.substitute(self.dims) for d in declared.dims)
-        return in_memory(TensorType(dims, declared.dtype, declared.policies))
+        results = []
+        for t in result_types(declared):
+            if not isinstance(t, TensorType):
+                raise SemanticError(
+                    f"{self.node.name}() returns {declared}: a tile kernel called from a "
+                    "graph function returns tensors",
+                    span,
+                )
+            unknown = sorted(s for d in t.dims for s in d.symbols() if s not in self.dims)
+            if unknown:
+                raise SemanticError(
+                    f"{self.node.name}(): the size '{unknown[0]}' of its result is no "
+                    "argument's size, so the call cannot say it",
+                    self.span,
+                    (Note("the result is declared here", span),),
+                )
+            dims = tuple(d.substitute(self.dims) for d in t.dims)
+            results.append(in_memory(TensorType(dims, t.dtype, t.policies)))
+        return tuple(results)
 
-    def _typed(self, typed: dict[str, TensorType], result: TensorType) -> Function:
+    def _typed(self, typed: dict[str, TensorType], results: tuple[TensorType, ...]) -> Function:
         """The kernel analysed with its tensor parameters and result of these types. An
         error in it is the call's, with a note at the kernel's line: an error of the
         kernel as written (said where it is defined too, unless ``--kernel`` leaves it
@@ -1566,8 +1576,10 @@ class _TileCall(_Inlined):
             replace(p, annotation=type_expr(typed[p.name])) if p.name in typed else p
             for p in self.node.params
         )
-        node = replace(self.node, params=params, returns=type_expr(result))
-        sizes = frozenset(s for t in (*typed.values(), result) for d in t.dims for s in d.symbols())
+        node = replace(self.node, params=params, returns=result_expr(results))
+        sizes = frozenset(
+            s for t in (*typed.values(), *results) for d in t.dims for s in d.symbols()
+        )
         function, error = _analysed(self.owner, node, sizes)
         if error is None:
             assert function is not None
