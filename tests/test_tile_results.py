@@ -122,6 +122,34 @@ def test_two_results_match_float64(
         np.testing.assert_allclose(got[1], np.tanh(product), rtol=1e-4, atol=1e-4)
 
 
+CUSTOM = """\
+def two_vjp(x: Tensor["N", f32], ga: Tensor["N", f32], gb: Tensor["N", f32]) -> Tensor["N", f32]:
+    return 2.0 * x * ga + gb
+
+@kernel
+@custom_vjp(two_vjp)
+def two(x: Tensor["N", f32]) -> tuple[Tensor["N", f32], Tensor["N", f32]]:
+    T = tile.context()
+    t = tile.load(x, rows=T.m)
+    return t * t, t
+
+@autodiff
+def loss(x: Tensor["N", f32]) -> Tensor[f32]:
+    a, b = two(x)
+    return sum(a * 3.0 + b)
+"""
+
+
+@pytest.mark.execute
+def test_a_custom_vjp_takes_a_cotangent_per_result() -> None:
+    """``@custom_vjp`` on a kernel of two results: its rule takes both cotangents."""
+    lib: Any = tessera.compile(CUSTOM, filename="custom.tsr", target="cpu").load()
+    x = np.random.default_rng(2).standard_normal(1031).astype(np.float32)
+    out = np.full_like(x, np.nan)
+    lib.loss_vjp(x, np.float32(1.0), out=out)
+    np.testing.assert_allclose(out, 6.0 * f64(x) + 1.0, rtol=1e-6, atol=1e-6)
+
+
 HEAD = """@kernel
 def two(x: Tensor["R", "C", f32], y: Tensor["S", "C", f32]) -> {declared}:
     T = tile.context()
