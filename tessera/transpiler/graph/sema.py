@@ -1526,8 +1526,8 @@ class _TileCall(_Inlined):
             raise SemanticError(
                 f"{name}() stores into its argument '{store.operands[0].name}': called from a "
                 "graph function it would change a graph value in place; return what it "
-                "computes instead (a kernel returns one tile: one that computes two is two "
-                "kernels)",
+                "computes instead (several tiles, 'return a, b', declared as "
+                "'-> tuple[Tensor[...], Tensor[...]]')",
                 self.span,
                 (Note("the store", store.span),),
             )
