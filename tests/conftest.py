@@ -28,7 +28,7 @@ SOURCES = [str(p.relative_to(ROOT)) for p in EXAMPLES] + sorted(
 #: the kernel's line that says to give the head dim (-D D=64). What a sweep passes them.
 FIXED_HEAD_DIM = {
     ("hip", f"tessera/stdlib/{name}.tsr"): {"D": 64}
-    for name in ("attention_stats", "attention_dq", "attention_dk", "attention_dv")
+    for name in ("attention_stats", "attention_dq", "attention_dkdv")
 }
 
 #: SOURCES as the parameters of a sweep that puts each file through a toolchain: the

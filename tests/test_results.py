@@ -179,7 +179,7 @@ def _compile_error(source: str) -> str:
          "    return x, x\n", "returns f32, but the declared result is i32"),
         ('@kernel\ndef f(x: Tensor["N", f32]):\n    T = tile.context()\n'
          "    a = tile.load(x, rows=T.m)\n    return a, a\n",
-         "a tile kernel returns one tile, not 2"),
+         "returns a tile but declares no result type"),
     ],
 )  # fmt: skip
 def test_wrong_results_are_errors_at_the_return(source: str, message: str) -> None:

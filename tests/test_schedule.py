@@ -269,5 +269,5 @@ def test_cpu_attention_backward_kernels_take_square_blocks() -> None:
     sched = tessera.compile(BACKWARD_ATTENTION, "attend.tsr", target="cpu").inspect_ir("sched")
     tiles = dict(re.findall(r"template (\w+)\n\s+tiles (BM=\d+ BN=\d+)", sched))
     assert tiles["flash_attention"] == "BM=128 BN=256"
-    for name in ("attention_stats", "attention_dq", "attention_dk", "attention_dv"):
+    for name in ("attention_stats", "attention_dq", "attention_dkdv"):
         assert tiles[name] == "BM=128 BN=128", name

@@ -16,9 +16,8 @@ pytestmark = pytest.mark.unit
 STDLIB = sorted((ROOT / "tessera" / "stdlib").glob("*.tsr"))
 #: Each kernel, what it works like, and its grid.
 EXPECTED = {
-    "attention_dk": ("attention", ["ceil(T/64)", "BH"]),
+    "attention_dkdv": ("attention", ["ceil(T/64)", "BH"]),
     "attention_dq": ("attention", ["ceil(S/64)", "BH"]),
-    "attention_dv": ("attention", ["ceil(T/64)", "BH"]),
     "attention_stats": ("attention", ["ceil(S/128)", "BH"]),
     "decode_attention": ("attention", ["ceil(R/128)", "N"]),
     "decode_lse": ("attention", ["ceil(R/128)", "N"]),

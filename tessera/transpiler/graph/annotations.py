@@ -391,9 +391,21 @@ def _arg_text(arg: ast.Expr) -> str:
 
 def type_expr(t: TensorType) -> ast.TypeExpr:
     """The annotation that spells ``t``, parsed as a user would have written it."""
+    return _annotation(_spelled(t))
+
+
+def result_expr(results: tuple[TensorType, ...]) -> ast.TypeExpr:
+    """The result annotation of a function that returns ``results``: the one type, or
+    ``tuple[...]`` of several (a library kernel of two results, ``attention_dkdv``)."""
+    if len(results) == 1:
+        return type_expr(results[0])
+    return _annotation("tuple[" + ", ".join(_spelled(t) for t in results) + "]")
+
+
+def _spelled(t: TensorType) -> str:
     dims = ", ".join(f'"{d}"' for d in t.dims)
     policies = f" {t.policies}" if str(t.policies) else ""
-    return _annotation(f"Tensor[{dims}, {t.dtype}{policies}]")
+    return f"Tensor[{dims}, {t.dtype}{policies}]"
 
 
 @functools.cache

@@ -598,10 +598,10 @@ def _rotary(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 def _attention(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """FlashAttention-2's backward: the library's ``attention_stats`` runs the forward
     loop again and gives each query's logsumexp of the scores and ``delta = rowsum(g *
-    o)``, as two columns, and ``attention_dq``, ``attention_dk`` and ``attention_dv``
-    compute the probabilities again from them, a block at a time, each accumulating one
-    gradient. In f32; causal or not, grouped-query k and v heads summed over their group
-    by ``_fit``."""
+    o)``, as two columns; ``attention_dq`` (programs owning queries) and
+    ``attention_dkdv`` (programs owning keys, which give both of their gradients from
+    one pass) compute the probabilities again from them, a block at a time. In f32;
+    causal or not, grouped-query k and v heads summed over their group by ``_fit``."""
     if op.attr("dropout") is not None:
         raise SemanticError(
             "cannot differentiate an attention with dropout yet: write the attention out, "
@@ -615,14 +615,14 @@ def _attention(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     g = _f32(b, _whole(b, gs[0], op.result))
     batch, rows, keys = op.result.type.dims[:-2], q.type.dims[-2], k.type.dims[-2]
 
-    def kernel(kind: str, operands: tuple[Value, ...], dims: tuple[Dim, ...]) -> Value:
-        out = TensorType((*batch, *dims), F32)
-        return b.emitter.emit(kind, (*operands, *scalars), (out,), attrs, (), b.span)[0]
+    def kernel(kind: str, operands: tuple[Value, ...], *dims: tuple[Dim, ...]) -> tuple:
+        outs = tuple(TensorType((*batch, *d), F32) for d in dims)
+        return b.emitter.emit(kind, (*operands, *scalars), outs, attrs, (), b.span)
 
-    stats = kernel("attention_stats", (q, k, v, g), (rows, Dim.const(2)))
-    dq = kernel("attention_dq", (q, k, v, g, stats), q.type.dims[-2:])
-    dk = kernel("attention_dk", (q, k, v, g, stats), k.type.dims[-2:])
-    dv = kernel("attention_dv", (q, k, g, stats), (keys, v.type.dims[-1]))
+    (stats,) = kernel("attention_stats", (q, k, v, g), (rows, Dim.const(2)))
+    (dq,) = kernel("attention_dq", (q, k, v, g, stats), q.type.dims[-2:])
+    dk, dv = kernel("attention_dkdv", (q, k, v, g, stats), k.type.dims[-2:],
+                    (keys, v.type.dims[-1]))  # fmt: skip
     return list(zip(op.operands[:3], (dq, dk, dv), strict=True))
 
 
@@ -737,7 +737,7 @@ NO_GRADIENT = {
     "norm_stats": "a norm's backward kernels have no derivatives of their own: second "
     "derivatives of a norm need it written out, (x - mean(x)) * rsqrt(var(x) + eps) * w",
     **dict.fromkeys(
-        ("attention_stats", "attention_dq", "attention_dk", "attention_dv"),
+        ("attention_stats", "attention_dq", "attention_dkdv"),
         "flash_attention's backward kernels have no derivatives of their own: F_jvp and "
         "second derivatives of an attention need it written out, softmax(q @ k.T * scale) @ v",
     ),

@@ -78,8 +78,7 @@ _ANCHORS = {
     "flash_attention": "attention",
     "attention_stats": "attention",
     "attention_dq": "attention",
-    "attention_dk": "attention",
-    "attention_dv": "attention",
+    "attention_dkdv": "attention",
     "norm_param_grad": "columns",
     "kvcache.append": "state",
     "kvcache.advance": "state",
@@ -219,9 +218,12 @@ class _Kernel:
 def _takes_epilogue(kernel: _Kernel, ops: tuple[Op, ...]) -> bool:
     """Whether elementwise ops may follow the kernel's anchor: a transpose's result is
     one tile like a product's, but a kernel that writes its result through a row
-    permutation (``_stored_in_place``) has its last op stored."""
+    permutation (``_stored_in_place``) has its last op stored, and one whose anchor
+    has several results (a tile kernel's ``return a, b``) stores them as they are."""
     last = ops[kernel.ops[-1]]
     if kernel.anchor is not None and last is not ops[kernel.anchor] and rows_permuted(last):
+        return False
+    if kernel.anchor is not None and len(ops[kernel.anchor].results) > 1:
         return False
     return kernel.kind in _TAKES_EPILOGUE
 

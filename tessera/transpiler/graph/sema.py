@@ -20,7 +20,13 @@ from ..frontend.printer import print_expr
 from ..frontend.source import Span
 from ..options import Options
 from . import loss_scale, optim, optstate, quant  # noqa: F401  (they register graph ops)
-from .annotations import resolve_result, resolve_type, type_expr, unimplemented_policies
+from .annotations import (
+    resolve_result,
+    resolve_type,
+    result_expr,
+    type_expr,
+    unimplemented_policies,
+)
 from .autodiff import Region
 from .custom_rules import CUSTOM_RULES, custom_region, custom_rule
 from .differentiate import differentiated, forward_mode
@@ -950,13 +956,6 @@ class _FunctionAnalyzer:
         for v in values:
             if not isinstance(v, Value):
                 raise SemanticError(f"a kernel returns tensors, not {describe(v)}", stmt.value.span)
-        if self.kind == "tile" and len(values) > 1:
-            raise SemanticError(
-                f"a tile kernel returns one tile, not {len(values)}: each program stores its "
-                "block of one result; write the others with tile.store, or in a kernel of "
-                "their own",
-                stmt.value.span,
-            )
         declared = _flat_result(self._declared_result())
         if declared is not None:
             wanted = result_types(declared)
@@ -971,6 +970,8 @@ class _FunctionAnalyzer:
             values = tuple(
                 self._match_result(v, t, ev) for v, t in zip(values, wanted, strict=True)
             )
+            if self.kind == "tile" and len(values) > 1:
+                _same_programs(values, wanted, stmt.value.span)
         self.returned = tuple(values)
         self.return_span = stmt.value.span
 
@@ -1325,6 +1326,45 @@ class _FunctionAnalyzer:
             self.env[name] = self._named(result, name)
 
 
+#: The tile sizes whose blocks belong to the programs: a result's dim tiled by one is
+#: split among them (``T.m`` its rows, ``T.n`` its columns in a gemm-like grid).
+_PROGRAM_TILES = frozenset({"T.m", "T.n"})
+
+
+def _same_programs(values: tuple[Value, ...], declared: tuple[Any, ...], span: Span) -> None:
+    """A tile kernel that returns several tiles writes them all from the same programs,
+    gridded by the first: each program stores its block of every result. So the tiles
+    have one shape, and the results agree in the dims the grid walks (their batch dims
+    and the dims that ``T.m`` or ``T.n`` tiles); a whole dim (``C``, ``T.d``) may
+    differ. An error at the ``return`` otherwise."""
+    first, first_out = values[0].type, declared[0]
+    for i, (v, out) in enumerate(zip(values[1:], declared[1:], strict=True), start=1):
+        if not isinstance(v.type, TileType) or not isinstance(first, TileType):
+            raise SemanticError(
+                f"a tile kernel returns tiles: value {i + 1} of the return is {describe(v)}",
+                span,
+            )
+        if v.type.dims != first.dims:
+            raise SemanticError(
+                f"the tiles a tile kernel returns are stored by the same programs, so they "
+                f"have one shape: the first is {dims_text(first.dims)}, value {i + 1} "
+                f"{dims_text(v.type.dims)}",
+                span,
+            )
+        lead = first_out.rank - first.rank
+        walked = [a for a in range(first_out.rank)
+                  if a < lead or first.dims[a - lead].symbol in _PROGRAM_TILES]  # fmt: skip
+        if out.rank != first_out.rank or any(out.dims[a] != first_out.dims[a] for a in walked):
+            raise SemanticError(
+                f"the results of a tile kernel are stored by the same programs, which the "
+                f"first result grids: result {i + 1} is {dims_text(out.dims)}, the first "
+                f"{dims_text(first_out.dims)}, and their tiles are {dims_text(first.dims)}; "
+                "they must agree in the dims the programs walk (all but a whole dim a tile "
+                "spans)",
+                span,
+            )
+
+
 def _flat_result(declared: Any) -> Any:
     """A declared result with each ``OptimizerState`` as its tensors: what the Graph IR
     returns."""
@@ -1494,7 +1534,7 @@ class _TileCall(_Inlined):
     types (``TileCallee``), and its scalar parameters take the scalar arguments: run-time
     values are the op's operands after the tensors, numbers its attributes."""
 
-    def call(self, args: list[Ev], keywords: list) -> Value | Poison:
+    def call(self, args: list[Ev], keywords: list) -> Value | tuple[Value, ...] | Poison:
         name = self.node.name
         if self.node.returns is None:
             raise SemanticError(
@@ -1508,7 +1548,7 @@ class _TileCall(_Inlined):
         if any(isinstance(ev.value, Poison) for ev in bound.values()):
             return POISON
         self._sizes(bound)
-        result = self._result()
+        results = self._results()
         operands: list[Value] = []
         names: list[str] = []
         constants: list[tuple[str, Any]] = []
@@ -1539,14 +1579,14 @@ class _TileCall(_Inlined):
                     "a number or an int parameter of the caller",
                     bound[p.name].span,
                 )
-        function = self._typed(typed, result)
+        function = self._typed(typed, results)
         store = next((op for op in walk(function.body) if op.kind == "tile.store"), None)
         if store is not None:
             raise SemanticError(
                 f"{name}() stores into its argument '{store.operands[0].name}': called from a "
                 "graph function it would change a graph value in place; return what it "
-                "computes instead (a kernel returns one tile: one that computes two is two "
-                "kernels)",
+                "computes instead (several tiles, 'return a, b', declared as "
+                "'-> tuple[Tensor[...], Tensor[...]]')",
                 self.span,
                 (Note("the store", store.span),),
             )
@@ -1557,32 +1597,36 @@ class _TileCall(_Inlined):
             ("constants", tuple(constants)),
         )  # fmt: skip
         start = len(self.blocks[-1])
-        (value,) = self.emit("tile_call", tuple(operands), (result,), attrs, (), self.span)
-        custom_region(self.caller, self.node, bound, (value,), start, self.span)
-        return value
+        values = self.emit("tile_call", tuple(operands), results, attrs, (), self.span)
+        custom_region(self.caller, self.node, bound, values, start, self.span)
+        return values[0] if len(values) == 1 else values
 
-    def _result(self) -> TensorType:
-        """The kernel's declared result with its sizes the caller's dims."""
+    def _results(self) -> tuple[TensorType, ...]:
+        """The kernel's declared results (one, or the tensors of a tuple) with their
+        sizes the caller's dims."""
         declared = resolve_result(self.node.returns, dict(self.owner.options.defines))
         span = self.node.returns.span
-        if not isinstance(declared, TensorType):
-            raise SemanticError(
-                f"{self.node.name}() returns {declared}: a tile kernel called from a graph "
-                "function returns one tensor",
-                span,
-            )
-        unknown = sorted(s for d in declared.dims for s in d.symbols() if s not in self.dims)
-        if unknown:
-            raise SemanticError(
-                f"{self.node.name}(): the size '{unknown[0]}' of its result is no argument's "
-                "size, so the call cannot say it",
-                self.span,
-                (Note("the result is declared here", span),),
-            )
-        dims = tuple(d.substitute(self.dims) for d in declared.dims)
-        return in_memory(TensorType(dims, declared.dtype, declared.policies))
+        results = []
+        for t in result_types(declared):
+            if not isinstance(t, TensorType):
+                raise SemanticError(
+                    f"{self.node.name}() returns {declared}: a tile kernel called from a "
+                    "graph function returns tensors",
+                    span,
+                )
+            unknown = sorted(s for d in t.dims for s in d.symbols() if s not in self.dims)
+            if unknown:
+                raise SemanticError(
+                    f"{self.node.name}(): the size '{unknown[0]}' of its result is no "
+                    "argument's size, so the call cannot say it",
+                    self.span,
+                    (Note("the result is declared here", span),),
+                )
+            dims = tuple(d.substitute(self.dims) for d in t.dims)
+            results.append(in_memory(TensorType(dims, t.dtype, t.policies)))
+        return tuple(results)
 
-    def _typed(self, typed: dict[str, TensorType], result: TensorType) -> Function:
+    def _typed(self, typed: dict[str, TensorType], results: tuple[TensorType, ...]) -> Function:
         """The kernel analysed with its tensor parameters and result of these types. An
         error in it is the call's, with a note at the kernel's line: an error of the
         kernel as written (said where it is defined too, unless ``--kernel`` leaves it
@@ -1591,8 +1635,10 @@ class _TileCall(_Inlined):
             replace(p, annotation=type_expr(typed[p.name])) if p.name in typed else p
             for p in self.node.params
         )
-        node = replace(self.node, params=params, returns=type_expr(result))
-        sizes = frozenset(s for t in (*typed.values(), result) for d in t.dims for s in d.symbols())
+        node = replace(self.node, params=params, returns=result_expr(results))
+        sizes = frozenset(
+            s for t in (*typed.values(), *results) for d in t.dims for s in d.symbols()
+        )
         function, error = _analysed(self.owner, node, sizes)
         if error is None:
             assert function is not None

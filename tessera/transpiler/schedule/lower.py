@@ -41,6 +41,8 @@ __all__ = [
 
 #: Kernel kinds that an explicit schedule applies to: the ones with output tiles.
 SCHEDULED_KINDS = ("gemm", "attention", "tile", "tile_call")
+#: Attention's kernels whose programs own blocks of keys, not of queries.
+_OWN_KEYS = frozenset({"attention_dkdv"})
 #: Kernels that are not launched on the device.
 _NOT_LAUNCHED = ("host", "collective")
 #: The kernel each graph op instantiates, by its op's kind; the ones with a library
@@ -57,7 +59,7 @@ TEMPLATES = {
     "rotary_embedding": "rotary_embedding", "take_along_axis": "take_along_axis",
     "put_along_axis": "put_along_axis", "scatter_add": "scatter_add", "pad": "pad",
     "attention_stats": "attention_stats", "attention_dq": "attention_dq",
-    "attention_dk": "attention_dk", "attention_dv": "attention_dv", "softmax_grad": "softmax_grad",
+    "attention_dkdv": "attention_dkdv", "softmax_grad": "softmax_grad",
     "log_softmax_grad": "log_softmax_grad", "layernorm_grad": "layernorm_grad",
     "rmsnorm_grad": "rmsnorm_grad", "norm_stats": "norm_stats",
     "norm_param_grad": "norm_param_grad",
@@ -412,8 +414,13 @@ class _Scheduler:
         if kind == "attention":
             q, k = anchor.operands[:2]
             held = 1 if anchor.kind == "flash_attention" else 2
-            return Problem(kind, q.type.dtype, q.type.dims[-2], k.type.dims[-2],
-                           d=q.type.dims[-1], batch=q.type.dims[:-2], held=held)  # fmt: skip
+            # programs own blocks of the rows of the result: the queries, or the keys
+            # for the kernel of their gradients, which loops over the queries
+            rows, loop = q.type.dims[-2], k.type.dims[-2]
+            if anchor.kind in _OWN_KEYS:
+                rows, loop = loop, rows
+            return Problem(kind, q.type.dtype, rows, loop, d=q.type.dims[-1],
+                           batch=q.type.dims[:-2], held=held)  # fmt: skip
         if kind == "reduction":
             x = anchor.operands[0]
             axis = anchor.attr("axis", x.type.rank - 1) % x.type.rank
@@ -442,11 +449,12 @@ class _Scheduler:
         return Problem(kind, out.dtype, _product(out.dims))
 
     def _tile_problem(self, f: Function) -> Problem:
-        """A tile kernel's sizes, from its result (or what it stores) and its loop."""
+        """A tile kernel's sizes, from its result (the first, which grids the others:
+        sema checked that they agree), or what it stores, and its loop."""
         ops = list(walk(f.body))
         stores = [op.operands[0].type for op in ops if op.kind == "tile.store"]
         loads = [op.operands[0].type for op in ops if op.kind == "tile.load"]
-        out = f.result_type if isinstance(f.result_type, TensorType) else None
+        out = next((t for t in result_types(f.result_type) if isinstance(t, TensorType)), None)
         dims = (out or (stores or loads)[0]).dims
         # The loaded blocks of matrices are staged: the widest dtype sizes them (a weight
         # widened in the loop takes more shared memory than the activations beside it).

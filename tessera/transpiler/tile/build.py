@@ -20,7 +20,7 @@ from ..graph.graph_ops import DRAWN, ELEMENTWISE_MATH, retyping_view, rows_permu
 from ..graph.ir import RESULT, Function, GraphModule, Group, Op, Value, new_value, result_names
 from ..graph.kvcache import cache_param, flat_names
 from ..graph.printer import value_names
-from ..graph.types import KVCacheType, ScalarType, TensorType, in_memory
+from ..graph.types import KVCacheType, ScalarType, TensorType, in_memory, result_types
 from ..options import Options
 from ..schedule.hardware import hardware_for
 from ..schedule.ir import HostProgram, Launch, ScheduleModule, param_name
@@ -89,13 +89,14 @@ def _lower_launch(
 ) -> TileKernel | None:
     name = function.name if len(host.launches) == 1 else f"{function.name}_{launch.name}"
     if group.kind == "tile":
-        output = None
-        if isinstance(function.result_type, TensorType):
-            output = new_value(function.result_type, RESULT)
+        declared = [t for t in result_types(function.result_type) if isinstance(t, TensorType)]
+        outputs = tuple(
+            new_value(t, n) for t, n in zip(declared, result_names(len(declared)), strict=True)
+        )
         own = tuple(p.value for p in function.params)
         given = KernelInput(
-            name, function.name, own + ((output,) if output is not None else ()),
-            {v.id: v for v in own}, output,
+            name, function.name, own + outputs, {v.id: v for v in own},
+            outputs[0] if outputs else None, beside=outputs[1:],
         )  # fmt: skip
         return lower_tile_function(function, launch, given)
     names = {name: value for value, name in _named_values(function)}
@@ -142,10 +143,11 @@ def _lower_launch(
         return None
     template = (template_of(anchor) if anchor is not None else None) or "elementwise"
     # the values it writes beside its result: an elementwise kernel stores them where
-    # it computes them (fusion lets no other kernel write several)
+    # it computes them (fusion lets no other kernel write several, but the results of
+    # an anchor that has several, which its kernel returns)
     written = [names[w] for w in launch.writes if w in names]
-    beside = {v.id: rename[v.id] for v in written[:-1]}
-    assert anchor is None or not beside, f"{name} writes {launch.writes}"
+    beside = {v.id: rename[v.id] for v in written[:-1]} if anchor is None else {}
+    assert anchor is None or len(written) == len(anchor.results), f"{name}: {launch.writes}"
     fn, given = instantiate(
         ops, anchor, template, params, rename, views, name, function.name, group.kind, beside
     )
@@ -301,7 +303,7 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
                 f"flash_attention with a value head dim ({dv}) other than the query's ({d}) "
                 "has no tile kernel yet: the kernel's head-dim tile serves q, k and v alike"
             )
-    if len(anchor.results) != 1 or (len(ops) > 1 and ops[-1].results == ()):
+    if (len(anchor.results) != 1 and ops != [anchor]) or (len(ops) > 1 and ops[-1].results == ()):
         return f"{anchor.kind} with these ops has no tile kernel yet"
     return None
 

@@ -9,7 +9,7 @@ before it: ``stop = R0 + BM`` on the keys' start position. The pass recognises
 ``mask_causal(s, iota(R0), iota(counter*BN))`` directly in a loop body and
 gives the loop that bound, which halves the work of causal attention.
 
-The backward kernels that own keys (``attention_dk``, ``attention_dv``) loop over
+The backward kernel that owns keys (``attention_dkdv``) loops over
 query blocks, ``mask_causal(s, iota(counter*BM), iota(C0))``: query block ``b``
 sees none of the program's keys when its last query comes before the first key,
 ``b*BM + BM - 1 < C0``, and its probabilities, hence its gradients, are all 0.

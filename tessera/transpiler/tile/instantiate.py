@@ -28,7 +28,7 @@ from typing import Any
 from ..frontend import ast
 from ..frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Note, Severity
 from ..frontend.kept_parse import parse_library_file
-from ..graph.annotations import type_expr
+from ..graph.annotations import result_expr, type_expr
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
 from ..graph.graph_ops import DRAWN, rows_permuted, view_starts
@@ -67,8 +67,7 @@ TEMPLATE_PARAMS = {
     "pad": ("g", "like"),
     "attention_stats": ("q", "k", "v", "do"),
     "attention_dq": ("q", "k", "v", "do", "stats"),
-    "attention_dk": ("q", "k", "v", "do", "stats"),
-    "attention_dv": ("q", "k", "do", "stats"),
+    "attention_dkdv": ("q", "k", "v", "do", "stats"),
     "softmax_grad": ("y", "g"),
     "log_softmax_grad": ("y", "g"),
     "layernorm_grad": ("x", "weight", "g"),
@@ -85,13 +84,14 @@ def _stdlib_module(template: str) -> ast.Module:
 
 
 def stdlib_kernel(
-    template: str, operands: tuple[TensorType, ...], result: TensorType, span: Any,
-    names: tuple[str, ...],
+    template: str, operands: tuple[TensorType, ...], results: tuple[TensorType, ...],
+    span: Any, names: tuple[str, ...],
 ) -> Function:  # fmt: skip
-    """The library kernel ``template`` typed for ``operands`` and ``result``; ``names``
-    are the tensor parameters they are. A parameter the op leaves out (a norm's weight
-    or bias) is typed as a vector along the first operand's last dim: the analyser
-    checks both sides of the kernel's ``with_`` branches, though one never runs."""
+    """The library kernel ``template`` typed for ``operands`` and ``results`` (one, or
+    several for a kernel that returns several tiles); ``names`` are the tensor
+    parameters they are. A parameter the op leaves out (a norm's weight or bias) is
+    typed as a vector along the first operand's last dim: the analyser checks both
+    sides of the kernel's ``with_`` branches, though one never runs."""
     (fn,) = _stdlib_module(template).functions()
     typed = dict(zip(names, operands, strict=True))
     first = operands[0]
@@ -101,10 +101,10 @@ def stdlib_kernel(
         dataclasses.replace(p, annotation=type_expr(typed[p.name])) if p.name in typed else p
         for p in fn.params
     )
-    fn = dataclasses.replace(fn, params=params, returns=type_expr(result))
+    fn = dataclasses.replace(fn, params=params, returns=result_expr(results))
     diags = Diagnostics()
     try:
-        sizes = frozenset(s for t in (*operands, result) for d in t.dims for s in d.symbols())
+        sizes = frozenset(s for t in (*operands, *results) for d in t.dims for s in d.symbols())
         module = analyze(ast.Module((fn,), span=fn.span), Options(), diags, sizes)
         diags.check()
     except CompileError as exc:
@@ -130,17 +130,21 @@ def instantiate(
     one; ``views`` also has the anchor's operands that the kernel reads where they lie.
     Without an ``anchor`` (a group of elementwise ops) the kernel is ``elementwise`` and
     every op is its prologue, which also stores the values of ``beside`` (by value id,
-    the parameter each goes to) where it computes them: they have the result's shape."""
+    the parameter each goes to) where it computes them: they have the result's shape.
+    An anchor of several results (``attention_dkdv``) is alone in its group, and its
+    kernel returns a tile for each, stored into each result's parameter."""
     split = group_ops.index(anchor) if anchor is not None else len(group_ops)
     prologue, epilogue = group_ops[:split], group_ops[split + 1 :]
     if anchor is not None and anchor.kind == "tile_call":
         fn, bind = _called_kernel(anchor, rename)
     else:
         fn, bind = _library_kernel(group_ops, anchor, template, prologue, rename, views, beside)
+    several = anchor.results if anchor is not None and len(anchor.results) > 1 else ()
+    output = rename[several[0].id] if several else views.get(group_ops[-1].result.id, params[-1])
     given = KernelInput(
-        name, function, params, bind, views.get(group_ops[-1].result.id, params[-1]),
+        name, function, params, bind, output,
         chain_builder(epilogue, rename, anchor.result) if epilogue and anchor else None,
-        template, kind,
+        template, kind, tuple(rename[r.id] for r in several[1:]),
     )  # fmt: skip
     return fn, given
 
@@ -170,11 +174,11 @@ def _library_kernel(
     anchor's attribute (``_keyword``)."""
     if anchor is None:
         tensors: tuple[Value, ...] = (group_ops[-1].result,)
-        result = group_ops[-1].result.type
+        results = (group_ops[-1].result.type,)
     else:
-        result = anchor.result.type
+        results = tuple(r.type for r in anchor.results)
         if anchor.attr("keepdims"):
-            result = kept_axis_dropped(result)
+            results = (kept_axis_dropped(anchor.result.type),)
     # a norm's weight and bias are optional: absent ones are bound to nothing, and the
     # kernel's with_weight and with_bias branches leave them unread
     names = tuple(n for n in TEMPLATE_PARAMS[template] if _has_operand(anchor, n))
@@ -182,7 +186,7 @@ def _library_kernel(
         tensors = anchor.operands[: len(names)]
     span = (anchor or group_ops[-1]).span
     operands = tuple(in_memory(v.type) for v in tensors)
-    fn = stdlib_kernel(template, operands, in_memory(result), span, names)
+    fn = stdlib_kernel(template, operands, tuple(in_memory(t) for t in results), span, names)
     if anchor is not None and anchor.kind == "matmul":
         fn = narrow_accumulation(fn, anchor.result.type.dtype)
     bind: dict[int, Any] = {}

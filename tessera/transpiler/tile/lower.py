@@ -86,7 +86,10 @@ class KernelInput:
     to a ``Prologue`` that computes the operand where it is loaded, or to a ``View``
     that reads it where it lies;
     ``output`` is where the returned tile goes; ``epilogue`` builds the fused
-    ops between the returned tile and the store.
+    ops between the returned tile and the store. A kernel that returns several tiles
+    stores the first into ``output`` and each of the others into its parameter of
+    ``beside``, in order, at the same program's block (sema checked that the tiles
+    agree), with no epilogue.
     """
 
     name: str
@@ -97,6 +100,7 @@ class KernelInput:
     epilogue: Callable[[_Lowering, Value, Access], Value] | None = None
     template: str = "tile_kernel"
     kind: str = "tile"
+    beside: tuple[Value, ...] = ()
 
 
 def lower_tile_function(function: Function, launch: Launch, given: KernelInput) -> TileKernel:
@@ -232,6 +236,10 @@ class _Lowering:
             if view is not None:
                 output, access = view.source, view.access(access)
             self.emit("store", (output, result), (), (("at", access),), ("write",))
+            for old, out in zip(self.function.body.yields[1:], self.given.beside, strict=True):
+                tile = self.value(old)
+                at = self.access(out, tile.type.dims, None)
+                self.emit("store", (out, tile), (), (("at", at),), ("write",))
         body = Block((), tuple(self.ops))
         uses = use_counts(body)
         # a keyword bound to a constant that only an inlined branch read is not needed
