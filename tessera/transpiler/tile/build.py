@@ -73,7 +73,7 @@ def tile_module(
                     "tile stage does not implement yet; the kernel runs K in one slice",
                     function.span,
                 )
-            kernel = _lower_launch(function, host, group, launch, diags)
+            kernel = _lower_launch(function, host, group, launch, diags, hw.target != "cpu")
             if kernel is not None:
                 try:
                     kernels.append(run_tile_passes(kernel, hw, until))
@@ -84,8 +84,14 @@ def tile_module(
 
 
 def _lower_launch(
-    function: Function, host: HostProgram, group: Group, launch: Launch, diags: Diagnostics
-) -> TileKernel | None:
+    function: Function, host: HostProgram, group: Group, launch: Launch, diags: Diagnostics,
+    one_pointer: bool,
+) -> TileKernel | None:  # fmt: skip
+    """The Tile IR kernel of one launch. With ``one_pointer`` (the SIMT targets), a
+    result written over a donated input (``host.donated``) and that input are one
+    parameter, the result's: its pointers are ``restrict``, so the two may not be two
+    pointers to one array. The kernel reads the input's values from the result's memory,
+    which holds them when it starts (the donated array itself, or the runtime's copy)."""
     name = function.name if len(host.launches) == 1 else f"{function.name}_{launch.name}"
     if group.kind == "tile":
         output = None
@@ -108,6 +114,10 @@ def _lower_launch(
         if printed in names and not isinstance(names[printed].type, KVCacheType):
             v = names[printed]
             rename[v.id] = new_value(in_memory(v.type), results.get(v.id, param_name(printed)))
+    for result, given in host.donated if one_pointer else ():
+        new, old = names[result], names[given]
+        if new.id in rename and old.id in rename:
+            rename[old.id] = rename[new.id]
     if group.kind == "state":
         (op,) = (function.body.ops[i] for i in group.ops)  # fusion adds nothing to it
         return cache_kernel(function, op, launch, name, rename)
