@@ -180,8 +180,8 @@ class Entry:
                 checked = self._tensor(p, target, dict(sizes))
             source = self._updates.get(p["name"])
             if source is not None:
-                start = self._extent(source, values[source["name"]])
-                if self._extent(p, target) != start:  # not the input's own memory
+                memory = self._extent(source, values[source["name"]])
+                if self._extent(p, target) != memory:  # not the input's own array
                     self._copy(p, values[source["name"]], target)
                     checked = self._tensor(p, target, dict(sizes))  # seen after the copy
             arrays[p["name"]] = checked

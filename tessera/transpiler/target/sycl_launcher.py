@@ -119,10 +119,7 @@ def launcher(
     updates = []
     for result, given in updated(program).items():
         t = types[result]
-        count = Dim.const(1)
-        for dim in t.dims:
-            count = count * dim
-        size = f"{c_dim(count, names)} * sizeof({d.storage[t.dtype.name]})"
+        size = f"{c_dim(_elements(t), names)} * sizeof({d.storage[t.dtype.name]})"
         updates.append((names[result], names[given], size))
     # an input or a size that nothing reads (a function whose kernels read no input, as
     # arange's) keeps its place in the signature, unnamed
@@ -139,14 +136,19 @@ def _writes(
     """Each float tensor ``kernel`` writes, as a sentinel checks it."""
     out = []
     for p in written_floats(kernel):
-        count = Dim.const(1)
-        for d in p.type.dims:
-            count = count * d
         dtype = p.type.dtype.name
         infinite = dtype != "fp8_e4m3"  # S.1111.111 is its one non-finite value, a NaN
-        out.append((names[p.name], c_dim(count, names), p.type.dtype.bits // 8,
+        out.append((names[p.name], c_dim(_elements(p.type), names), p.type.dtype.bits // 8,
                     NON_FINITE[dtype], infinite))  # fmt: skip
     return tuple(out)
+
+
+def _elements(t: TensorType) -> Dim:
+    """The elements of a tensor of type ``t``."""
+    count = Dim.const(1)
+    for d in t.dims:
+        count = count * d
+    return count
 
 
 def _locals(simt: SimtKernel) -> tuple[tuple[str, str, int], ...]:
