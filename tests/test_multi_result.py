@@ -4,6 +4,8 @@ where it computes it, and ``fused_adam`` is one kernel that writes the parameter
 both moments (and the f32 master). Every target, against float64 (and
 ``torch.optim.AdamW``), on ragged sizes with the outputs poisoned first; the launch
 counts are the compiled module's, which were larger when a kernel wrote one value.
+On an ``OptimizerState`` that kernel writes the donated state's own arrays on every
+target, the SIMT kernels through one pointer per tensor: one launch a step, no copy.
 """
 
 from __future__ import annotations
