@@ -128,3 +128,38 @@ def test_an_unused_parameter_is_left_unnamed_in_the_launcher(target: str, tmp_pa
     for unused in ("s", "y", "n", "eps"):
         assert f"/* {unused} */" in signature, signature
     assert "/* x */" not in signature and "* x," in signature, signature
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    ("target", "compiler", "flags"),
+    [("cuda", NVCC, ["-gencode=arch=compute_80,code=sm_80", "-Werror", "all-warnings",
+                     "-Xcompiler", "-Wall,-Wextra"]),
+     ("hip", HIPCC, ["--offload-arch=gfx90a", "-O1", "-Wall", "-Wextra", "-Werror"])],
+    ids=["cuda", "hip"],
+)  # fmt: skip
+def test_a_launcher_copies_a_state_into_results_it_is_not_given_in_place(
+    target: str, compiler: str | None, flags: list[str], tmp_path: Path
+) -> None:
+    """The kernel of an optimizer step reads the donated state through its results'
+    pointers: the launcher takes the state and the results, as the CPU entry does, and
+    copies the state into a result on the device first unless they are one array.
+    Compiled warning-free with the host code."""
+    if compiler is None:
+        pytest.skip(f"needs {'nvcc' if target == 'cuda' else 'hipcc'}")
+    out = tmp_path / f"optimizer_step.{'cu' if target == 'cuda' else 'hip'}"
+    assert main([str(ROOT / "examples/optimizer_step.tsr"), "-o", str(out)]) == 0
+    source = out.read_text()
+    start = source.index("int tessera_adamw(")
+    launcher = source[start : source.index("\n}\n", start)]
+    copy = "cudaMemcpyAsync" if target == "cuda" else "hipMemcpyAsync"
+    kind = "cudaMemcpyDeviceToDevice" if target == "cuda" else "hipMemcpyDeviceToDevice"
+    for result, state in (("out1", "state_m"), ("out2", "state_v")):
+        assert (f"if ({result} != {state} && {copy}({result}, {state}, N * sizeof(float), "
+                f"{kind}, stream)") in launcher, launcher  # fmt: skip
+    assert "(out1, dw, out2, step, lr, w, out0, N);" in launcher, launcher
+    done = subprocess.run([compiler, "-std=c++17", *flags, "-c", str(out), "-o",
+                           str(tmp_path / "optimizer_step.o")], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "HIP_PLATFORM": "amd"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr, done.stderr

@@ -10,6 +10,10 @@ tensors travel as uint16 arrays and fp8 tensors as uint8 arrays holding their bi
 since CuPy has neither dtype; a bf16 torch tensor is taken as it is (its interface
 names it as raw 2-byte values), an fp8 one as ``t.view(torch.uint8)``. Needs CuPy and
 an NVIDIA GPU, not Tessera.
+
+A result that updates an input (an optimizer state's tensor: the kernel reads the
+input from the result's memory) starts as a copy of it, unless that input is passed as
+the result's ``out``: it is then updated in place, with no copy.
 """
 
 from __future__ import annotations
@@ -85,6 +89,17 @@ def _shape(function: str, name: str, x: cupy.ndarray, dims: str, want: tuple) ->
         )
 
 
+def _updated(result: cupy.ndarray | None, given: cupy.ndarray) -> cupy.ndarray:
+    """A result that the kernel reads the input ``given`` from and writes over: ``given``
+    itself where the caller passes it as the result (updated in place), else a copy."""
+    if result is None:
+        return given.copy()
+    address = result.__cuda_array_interface__["data"][0]
+    if address != given.__cuda_array_interface__["data"][0]:
+        result[...] = given
+    return result
+
+
 def adamw(
     w: cupy.ndarray,
     dw: cupy.ndarray,
@@ -119,22 +134,22 @@ def adamw(
     else:
         out0 = _tensor("adamw", "out0", out0, "float32", 1)
         _shape("adamw", "out0", out0, "[N]", (N,))
-    if out1 is None:
-        out1 = cupy.empty((N,), dtype="float32")
-    else:
+    # out1 is state_m updated: in place where state_m is passed as out1
+    if out1 is not None:
         out1 = _tensor("adamw", "out1", out1, "float32", 1)
         _shape("adamw", "out1", out1, "[N]", (N,))
-    if out2 is None:
-        out2 = cupy.empty((N,), dtype="float32")
-    else:
+    out1 = _updated(out1, state_m)
+    # out2 is state_v updated: in place where state_v is passed as out2
+    if out2 is not None:
         out2 = _tensor("adamw", "out2", out2, "float32", 1)
         _shape("adamw", "out2", out2, "[N]", (N,))
+    out2 = _updated(out2, state_v)
     _launch(
         "adamw",
         (-(-N // 1024),),
         256,
         0,
-        (state_m, dw, state_v, step, lr, w, out1, out2, out0, cupy.int64(N)),
+        (out1, dw, out2, step, lr, w, out0, cupy.int64(N)),
     )
     return out0, out1, out2
 
@@ -177,38 +192,26 @@ def adamw_bf16(
     else:
         out0 = _tensor("adamw_bf16", "out0", out0, "uint16", 1)
         _shape("adamw_bf16", "out0", out0, "[N]", (N,))
-    if out1 is None:
-        out1 = cupy.empty((N,), dtype="float32")
-    else:
+    # out1 is state_master updated: in place where state_master is passed as out1
+    if out1 is not None:
         out1 = _tensor("adamw_bf16", "out1", out1, "float32", 1)
         _shape("adamw_bf16", "out1", out1, "[N]", (N,))
-    if out2 is None:
-        out2 = cupy.empty((N,), dtype="float32")
-    else:
+    out1 = _updated(out1, state_master)
+    # out2 is state_m updated: in place where state_m is passed as out2
+    if out2 is not None:
         out2 = _tensor("adamw_bf16", "out2", out2, "float32", 1)
         _shape("adamw_bf16", "out2", out2, "[N]", (N,))
-    if out3 is None:
-        out3 = cupy.empty((N,), dtype="float32")
-    else:
+    out2 = _updated(out2, state_m)
+    # out3 is state_v updated: in place where state_v is passed as out3
+    if out3 is not None:
         out3 = _tensor("adamw_bf16", "out3", out3, "float32", 1)
         _shape("adamw_bf16", "out3", out3, "[N]", (N,))
+    out3 = _updated(out3, state_v)
     _launch(
         "adamw_bf16",
         (-(-N // 1024),),
         256,
         0,
-        (
-            dw,
-            state_m,
-            state_v,
-            step,
-            lr,
-            state_master,
-            out2,
-            out3,
-            out1,
-            out0,
-            cupy.int64(N),
-        ),
+        (dw, out2, out3, step, lr, out1, out0, cupy.int64(N)),
     )
     return out0, out1, out2, out3

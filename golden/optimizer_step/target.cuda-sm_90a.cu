@@ -40,20 +40,26 @@ __device__ inline float tsr_round_bf16(float value) {
 
 // ---- adamw: launch k0 of adamw: the library's elementwise
 // grid [pid_m < ceil(N/BM)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) adamw(const float* __restrict__ state_m,
-    const float* __restrict__ dw, const float* __restrict__ state_v, const long long step_1,
-    const float lr, const float* __restrict__ w, float* __restrict__ out1,
-    float* __restrict__ out2, float* __restrict__ out0, const long long N) {
+// updated in place: out1 (state_m), out2 (state_v)
+extern "C" __global__ void __launch_bounds__(256) adamw(float* __restrict__ out1,
+    const float* __restrict__ dw, float* __restrict__ out2, const long long step_1,
+    const float lr, const float* __restrict__ w, float* __restrict__ out0, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // optimizer_step.tsr:12: return fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.01)
+  float out1_tile[4];
+  #pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const long long e = lid + t * THREADS;
+    out1_tile[t] = BM*pid_m + e < N ? out1[BM*pid_m + e] : 0.0f;
+  }
   float total[4];
   #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
-    total[t] = ((BM*pid_m + e < N ? state_m[BM*pid_m + e] : 0.0f) * 0.9f)
+    total[t] = (out1_tile[t] * 0.9f)
         + ((BM*pid_m + e < N ? dw[BM*pid_m + e] : 0.0f) * 0.09999999999999998f);
   }
   #pragma unroll
@@ -61,11 +67,17 @@ extern "C" __global__ void __launch_bounds__(256) adamw(const float* __restrict_
     const long long e = lid + t * THREADS;
     if (BM*pid_m + e < N) out1[BM*pid_m + e] = total[t];
   }
+  float out2_tile[4];
+  #pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const long long e = lid + t * THREADS;
+    out2_tile[t] = BM*pid_m + e < N ? out2[BM*pid_m + e] : 0.0f;
+  }
   float total_1[4];
   #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
-    total_1[t] = ((BM*pid_m + e < N ? state_v[BM*pid_m + e] : 0.0f) * 0.999f)
+    total_1[t] = (out2_tile[t] * 0.999f)
         + (((BM*pid_m + e < N ? dw[BM*pid_m + e] : 0.0f)
         * (BM*pid_m + e < N ? dw[BM*pid_m + e] : 0.0f)) * 0.0010000000000000009f);
   }
@@ -93,21 +105,27 @@ extern "C" __global__ void __launch_bounds__(256) adamw(const float* __restrict_
 
 // ---- adamw_bf16: launch k0 of adamw_bf16: the library's elementwise
 // grid [pid_m < ceil(N/BM)], 256 threads per program
+// updated in place: out2 (state_m), out3 (state_v), out1 (state_master)
 extern "C" __global__ void __launch_bounds__(256) adamw_bf16(
-    const unsigned short* __restrict__ dw, const float* __restrict__ state_m,
-    const float* __restrict__ state_v, const long long step_1, const float lr,
-    const float* __restrict__ state_master, float* __restrict__ out2, float* __restrict__ out3,
-    float* __restrict__ out1, unsigned short* __restrict__ out0, const long long N) {
+    const unsigned short* __restrict__ dw, float* __restrict__ out2, float* __restrict__ out3,
+    const long long step_1, const float lr, float* __restrict__ out1,
+    unsigned short* __restrict__ out0, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 1024;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   // optimizer_step.tsr:18: return fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.01)
+  float out2_tile[4];
+  #pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const long long e = lid + t * THREADS;
+    out2_tile[t] = BM*pid_m + e < N ? out2[BM*pid_m + e] : 0.0f;
+  }
   float total[4];
   #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
-    total[t] = ((BM*pid_m + e < N ? state_m[BM*pid_m + e] : 0.0f) * 0.9f)
+    total[t] = (out2_tile[t] * 0.9f)
         + (((BM*pid_m + e < N ? tsr_bf16_to_float(dw[BM*pid_m + e]) : 0.0f))
         * 0.09999999999999998f);
   }
@@ -116,11 +134,17 @@ extern "C" __global__ void __launch_bounds__(256) adamw_bf16(
     const long long e = lid + t * THREADS;
     if (BM*pid_m + e < N) out2[BM*pid_m + e] = total[t];
   }
+  float out3_tile[4];
+  #pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const long long e = lid + t * THREADS;
+    out3_tile[t] = BM*pid_m + e < N ? out3[BM*pid_m + e] : 0.0f;
+  }
   float total_1[4];
   #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
-    total_1[t] = ((BM*pid_m + e < N ? state_v[BM*pid_m + e] : 0.0f) * 0.999f)
+    total_1[t] = (out3_tile[t] * 0.999f)
         + ((((BM*pid_m + e < N ? tsr_bf16_to_float(dw[BM*pid_m + e]) : 0.0f))
         * ((BM*pid_m + e < N ? tsr_bf16_to_float(dw[BM*pid_m + e]) : 0.0f)))
         * 0.0010000000000000009f);
@@ -138,11 +162,16 @@ extern "C" __global__ void __launch_bounds__(256) adamw_bf16(
   const float diff_1 = 1.0f - power_1;
   const float scaled_lr = lr * 0.01f;
   const float diff_2 = 1.0f - scaled_lr;
-  float diff_3[4];
+  float out1_tile[4];
   #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
-    diff_3[t] = ((BM*pid_m + e < N ? state_master[BM*pid_m + e] : 0.0f) * diff_2)
+    out1_tile[t] = BM*pid_m + e < N ? out1[BM*pid_m + e] : 0.0f;
+  }
+  float diff_3[4];
+  #pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    diff_3[t] = (out1_tile[t] * diff_2)
         - (((total[t] / diff) * lr) / ((sqrtf((total_1[t] / diff_1))) + 1e-08f));
   }
   #pragma unroll

@@ -40,30 +40,40 @@ inline float tsr_round_bf16(float value) {
 
 // ---- adamw: launch k0 of adamw: the library's elementwise
 // grid [pid_m < ceil(N/BM)], 256 threads per program
+// updated in place: out1 (state_m), out2 (state_v)
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
-void adamw(__global const float* restrict state_m, __global const float* restrict dw,
-    __global const float* restrict state_v, const long step_1, const float lr,
-    __global const float* restrict w, __global float* restrict out1,
-    __global float* restrict out2, __global float* restrict out0, const long N) {
+void adamw(__global float* restrict out1, __global const float* restrict dw,
+    __global float* restrict out2, const long step_1, const float lr,
+    __global const float* restrict w, __global float* restrict out0, const long N) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
   enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   // optimizer_step.tsr:12: return fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.01)
+  float out1_tile[4];
+  for (int t = 0; t < 4; ++t) {
+    const long e = lid + t * THREADS;
+    out1_tile[t] = BM*pid_m + e < N ? out1[BM*pid_m + e] : 0.0f;
+  }
   float total[4];
   for (int t = 0; t < 4; ++t) {
     const long e = lid + t * THREADS;
-    total[t] = ((BM*pid_m + e < N ? state_m[BM*pid_m + e] : 0.0f) * 0.9f)
+    total[t] = (out1_tile[t] * 0.9f)
         + ((BM*pid_m + e < N ? dw[BM*pid_m + e] : 0.0f) * 0.09999999999999998f);
   }
   for (int t = 0; t < 4; ++t) {
     const long e = lid + t * THREADS;
     if (BM*pid_m + e < N) out1[BM*pid_m + e] = total[t];
   }
+  float out2_tile[4];
+  for (int t = 0; t < 4; ++t) {
+    const long e = lid + t * THREADS;
+    out2_tile[t] = BM*pid_m + e < N ? out2[BM*pid_m + e] : 0.0f;
+  }
   float total_1[4];
   for (int t = 0; t < 4; ++t) {
     const long e = lid + t * THREADS;
-    total_1[t] = ((BM*pid_m + e < N ? state_v[BM*pid_m + e] : 0.0f) * 0.999f)
+    total_1[t] = (out2_tile[t] * 0.999f)
         + (((BM*pid_m + e < N ? dw[BM*pid_m + e] : 0.0f)
         * (BM*pid_m + e < N ? dw[BM*pid_m + e] : 0.0f)) * 0.0010000000000000009f);
   }
@@ -89,21 +99,25 @@ void adamw(__global const float* restrict state_m, __global const float* restric
 
 // ---- adamw_bf16: launch k0 of adamw_bf16: the library's elementwise
 // grid [pid_m < ceil(N/BM)], 256 threads per program
+// updated in place: out2 (state_m), out3 (state_v), out1 (state_master)
 __kernel __attribute__((reqd_work_group_size(256, 1, 1)))
-void adamw_bf16(__global const ushort* restrict dw, __global const float* restrict state_m,
-    __global const float* restrict state_v, const long step_1, const float lr,
-    __global const float* restrict state_master, __global float* restrict out2,
-    __global float* restrict out3, __global float* restrict out1, __global ushort* restrict out0,
-    const long N) {
+void adamw_bf16(__global const ushort* restrict dw, __global float* restrict out2,
+    __global float* restrict out3, const long step_1, const float lr,
+    __global float* restrict out1, __global ushort* restrict out0, const long N) {
   const int lid = get_local_id(0);
   enum { BM = 1024 };
   enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   // optimizer_step.tsr:18: return fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.01)
+  float out2_tile[4];
+  for (int t = 0; t < 4; ++t) {
+    const long e = lid + t * THREADS;
+    out2_tile[t] = BM*pid_m + e < N ? out2[BM*pid_m + e] : 0.0f;
+  }
   float total[4];
   for (int t = 0; t < 4; ++t) {
     const long e = lid + t * THREADS;
-    total[t] = ((BM*pid_m + e < N ? state_m[BM*pid_m + e] : 0.0f) * 0.9f)
+    total[t] = (out2_tile[t] * 0.9f)
         + (((BM*pid_m + e < N ? tsr_bf16_to_float(dw[BM*pid_m + e]) : 0.0f))
         * 0.09999999999999998f);
   }
@@ -111,10 +125,15 @@ void adamw_bf16(__global const ushort* restrict dw, __global const float* restri
     const long e = lid + t * THREADS;
     if (BM*pid_m + e < N) out2[BM*pid_m + e] = total[t];
   }
+  float out3_tile[4];
+  for (int t = 0; t < 4; ++t) {
+    const long e = lid + t * THREADS;
+    out3_tile[t] = BM*pid_m + e < N ? out3[BM*pid_m + e] : 0.0f;
+  }
   float total_1[4];
   for (int t = 0; t < 4; ++t) {
     const long e = lid + t * THREADS;
-    total_1[t] = ((BM*pid_m + e < N ? state_v[BM*pid_m + e] : 0.0f) * 0.999f)
+    total_1[t] = (out3_tile[t] * 0.999f)
         + ((((BM*pid_m + e < N ? tsr_bf16_to_float(dw[BM*pid_m + e]) : 0.0f))
         * ((BM*pid_m + e < N ? tsr_bf16_to_float(dw[BM*pid_m + e]) : 0.0f)))
         * 0.0010000000000000009f);
@@ -131,10 +150,14 @@ void adamw_bf16(__global const ushort* restrict dw, __global const float* restri
   const float diff_1 = 1.0f - power_1;
   const float scaled_lr = lr * 0.01f;
   const float diff_2 = 1.0f - scaled_lr;
-  float diff_3[4];
+  float out1_tile[4];
   for (int t = 0; t < 4; ++t) {
     const long e = lid + t * THREADS;
-    diff_3[t] = ((BM*pid_m + e < N ? state_master[BM*pid_m + e] : 0.0f) * diff_2)
+    out1_tile[t] = BM*pid_m + e < N ? out1[BM*pid_m + e] : 0.0f;
+  }
+  float diff_3[4];
+  for (int t = 0; t < 4; ++t) {
+    diff_3[t] = (out1_tile[t] * diff_2)
         - (((total[t] / diff) * lr) / ((sqrt((total_1[t] / diff_1))) + 1e-08f));
   }
   for (int t = 0; t < 4; ++t) {

@@ -42,29 +42,39 @@ inline float tsr_round_bf16(float value) {
 
 // ---- adamw_k0: launch k0 of adamw: the library's elementwise
 // grid [pid_m < ceil(N/BM)], 256 threads per program
-inline void adamw_k0(const float* __restrict__ state_m, const float* __restrict__ dw,
-    const float* __restrict__ state_v, const long long step_1, const float lr,
-    const float* __restrict__ w, float* __restrict__ out1, float* __restrict__ out2,
+// updated in place: out1 (state_m), out2 (state_v)
+inline void adamw_k0(float* __restrict__ out1, const float* __restrict__ dw,
+    float* __restrict__ out2, const long long step_1, const float lr, const float* __restrict__ w,
     float* __restrict__ out0, const long long N, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 1024;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // optimizer_step.tsr:12: return fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.01)
+  float out1_tile[4];
+  for (int t = 0; t < 4; ++t) {
+    const long long e = lid + t * THREADS;
+    out1_tile[t] = BM*pid_m + e < N ? out1[BM*pid_m + e] : 0.0f;
+  }
   float total[4];
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
-    total[t] = ((BM*pid_m + e < N ? state_m[BM*pid_m + e] : 0.0f) * 0.9f)
+    total[t] = (out1_tile[t] * 0.9f)
         + ((BM*pid_m + e < N ? dw[BM*pid_m + e] : 0.0f) * 0.09999999999999998f);
   }
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
     if (BM*pid_m + e < N) out1[BM*pid_m + e] = total[t];
   }
+  float out2_tile[4];
+  for (int t = 0; t < 4; ++t) {
+    const long long e = lid + t * THREADS;
+    out2_tile[t] = BM*pid_m + e < N ? out2[BM*pid_m + e] : 0.0f;
+  }
   float total_1[4];
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
-    total_1[t] = ((BM*pid_m + e < N ? state_v[BM*pid_m + e] : 0.0f) * 0.999f)
+    total_1[t] = (out2_tile[t] * 0.999f)
         + (((BM*pid_m + e < N ? dw[BM*pid_m + e] : 0.0f)
         * (BM*pid_m + e < N ? dw[BM*pid_m + e] : 0.0f)) * 0.0010000000000000009f);
   }
@@ -90,9 +100,8 @@ inline void adamw_k0(const float* __restrict__ state_m, const float* __restrict_
 
 // ---- adamw_k0_submit: submits adamw_k0 to `queue` after the event `done`
 inline sycl::event adamw_k0_submit(
-    sycl::queue& queue, const sycl::event& done, const float* state_m, const float* dw,
-    const float* state_v, const long long step_1, const float lr, const float* w, float* out1,
-    float* out2, float* out0, const long long N) {
+    sycl::queue& queue, const sycl::event& done, float* out1, const float* dw, float* out2,
+    const long long step_1, const float lr, const float* w, float* out0, const long long N) {
   constexpr int BM = 1024;
   constexpr int THREADS = 256;
   return queue.submit([&](sycl::handler& cgh) {
@@ -100,27 +109,31 @@ inline sycl::event adamw_k0_submit(
     const sycl::range<3> global(1, 1, THREADS * ((N + BM - 1) / BM));
     const sycl::range<3> group(1, 1, THREADS);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      adamw_k0(state_m, dw, state_v, step_1, lr, w, out1, out2, out0, N, it);
+      adamw_k0(out1, dw, out2, step_1, lr, w, out0, N, it);
     });
   });
 }
 
 // ---- adamw_bf16_k0: launch k0 of adamw_bf16: the library's elementwise
 // grid [pid_m < ceil(N/BM)], 256 threads per program
-inline void adamw_bf16_k0(const unsigned short* __restrict__ dw,
-    const float* __restrict__ state_m, const float* __restrict__ state_v, const long long step_1,
-    const float lr, const float* __restrict__ state_master, float* __restrict__ out2,
-    float* __restrict__ out3, float* __restrict__ out1, unsigned short* __restrict__ out0,
-    const long long N, const sycl::nd_item<3>& it) {
+// updated in place: out2 (state_m), out3 (state_v), out1 (state_master)
+inline void adamw_bf16_k0(const unsigned short* __restrict__ dw, float* __restrict__ out2,
+    float* __restrict__ out3, const long long step_1, const float lr, float* __restrict__ out1,
+    unsigned short* __restrict__ out0, const long long N, const sycl::nd_item<3>& it) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 1024;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   // optimizer_step.tsr:18: return fused_adam(w, dw, state, lr=lr, step=step, weight_decay=0.01)
+  float out2_tile[4];
+  for (int t = 0; t < 4; ++t) {
+    const long long e = lid + t * THREADS;
+    out2_tile[t] = BM*pid_m + e < N ? out2[BM*pid_m + e] : 0.0f;
+  }
   float total[4];
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
-    total[t] = ((BM*pid_m + e < N ? state_m[BM*pid_m + e] : 0.0f) * 0.9f)
+    total[t] = (out2_tile[t] * 0.9f)
         + (((BM*pid_m + e < N ? tsr_bf16_to_float(dw[BM*pid_m + e]) : 0.0f))
         * 0.09999999999999998f);
   }
@@ -128,10 +141,15 @@ inline void adamw_bf16_k0(const unsigned short* __restrict__ dw,
     const long long e = lid + t * THREADS;
     if (BM*pid_m + e < N) out2[BM*pid_m + e] = total[t];
   }
+  float out3_tile[4];
+  for (int t = 0; t < 4; ++t) {
+    const long long e = lid + t * THREADS;
+    out3_tile[t] = BM*pid_m + e < N ? out3[BM*pid_m + e] : 0.0f;
+  }
   float total_1[4];
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
-    total_1[t] = ((BM*pid_m + e < N ? state_v[BM*pid_m + e] : 0.0f) * 0.999f)
+    total_1[t] = (out3_tile[t] * 0.999f)
         + ((((BM*pid_m + e < N ? tsr_bf16_to_float(dw[BM*pid_m + e]) : 0.0f))
         * ((BM*pid_m + e < N ? tsr_bf16_to_float(dw[BM*pid_m + e]) : 0.0f)))
         * 0.0010000000000000009f);
@@ -148,10 +166,14 @@ inline void adamw_bf16_k0(const unsigned short* __restrict__ dw,
   const float diff_1 = 1.0f - power_1;
   const float scaled_lr = lr * 0.01f;
   const float diff_2 = 1.0f - scaled_lr;
-  float diff_3[4];
+  float out1_tile[4];
   for (int t = 0; t < 4; ++t) {
     const long long e = lid + t * THREADS;
-    diff_3[t] = ((BM*pid_m + e < N ? state_master[BM*pid_m + e] : 0.0f) * diff_2)
+    out1_tile[t] = BM*pid_m + e < N ? out1[BM*pid_m + e] : 0.0f;
+  }
+  float diff_3[4];
+  for (int t = 0; t < 4; ++t) {
+    diff_3[t] = (out1_tile[t] * diff_2)
         - (((total[t] / diff) * lr) / ((sycl::sqrt((total_1[t] / diff_1))) + 1e-08f));
   }
   for (int t = 0; t < 4; ++t) {
@@ -166,9 +188,9 @@ inline void adamw_bf16_k0(const unsigned short* __restrict__ dw,
 
 // ---- adamw_bf16_k0_submit: submits adamw_bf16_k0 to `queue` after the event `done`
 inline sycl::event adamw_bf16_k0_submit(
-    sycl::queue& queue, const sycl::event& done, const unsigned short* dw, const float* state_m,
-    const float* state_v, const long long step_1, const float lr, const float* state_master,
-    float* out2, float* out3, float* out1, unsigned short* out0, const long long N) {
+    sycl::queue& queue, const sycl::event& done, const unsigned short* dw, float* out2,
+    float* out3, const long long step_1, const float lr, float* out1, unsigned short* out0,
+    const long long N) {
   constexpr int BM = 1024;
   constexpr int THREADS = 256;
   return queue.submit([&](sycl::handler& cgh) {
@@ -176,7 +198,7 @@ inline sycl::event adamw_bf16_k0_submit(
     const sycl::range<3> global(1, 1, THREADS * ((N + BM - 1) / BM));
     const sycl::range<3> group(1, 1, THREADS);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      adamw_bf16_k0(dw, state_m, state_v, step_1, lr, state_master, out2, out3, out1, out0, N, it);
+      adamw_bf16_k0(dw, out2, out3, step_1, lr, out1, out0, N, it);
     });
   });
 }
@@ -188,7 +210,9 @@ inline void adamw(
     const float* state_v, const float lr, const long long step_1, float* out0, float* out1,
     float* out2, const long long N) {
   sycl::event done;
-  done = adamw_k0_submit(queue, done, state_m, dw, state_v, step_1, lr, w, out1, out2, out0, N);
+  if (out1 != state_m) done = queue.memcpy(out1, state_m, N * sizeof(float), done);
+  if (out2 != state_v) done = queue.memcpy(out2, state_v, N * sizeof(float), done);
+  done = adamw_k0_submit(queue, done, out1, dw, out2, step_1, lr, w, out0, N);
   done.wait();
 }
 
@@ -200,7 +224,9 @@ inline void adamw_bf16(
     const long long step_1, unsigned short* out0, float* out1, float* out2, float* out3,
     const long long N) {
   sycl::event done;
-  done = adamw_bf16_k0_submit(
-      queue, done, dw, state_m, state_v, step_1, lr, state_master, out2, out3, out1, out0, N);
+  if (out1 != state_master) done = queue.memcpy(out1, state_master, N * sizeof(float), done);
+  if (out2 != state_m) done = queue.memcpy(out2, state_m, N * sizeof(float), done);
+  if (out3 != state_v) done = queue.memcpy(out3, state_v, N * sizeof(float), done);
+  done = adamw_bf16_k0_submit(queue, done, dw, out2, out3, step_1, lr, out1, out0, N);
   done.wait();
 }

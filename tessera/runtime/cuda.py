@@ -93,6 +93,7 @@ class CudaFunction(Entry):
     """One function: its launches, on the current device."""
 
     _contiguous = "np.ascontiguousarray, torch's .contiguous(), cupy.ascontiguousarray"
+    _fills_updates = True
 
     def __init__(
         self,
@@ -199,18 +200,17 @@ class CudaFunction(Entry):
             return torch.empty(shape, dtype=getattr(torch, dtype.name), device=like.device)
         return _cupy().empty(shape, dtype=BIT_CARRIERS.get(dtype, dtype))
 
-    def _copy_result(self, p: Mapping[str, Any], made: Any, given: Any) -> None:
-        """A GPU tensor given as ``out`` over an input gets the result from the tensor
-        of its own library it was computed into (``_allocate``), on the device."""
-        if isinstance(given, np.ndarray):
-            super()._copy_result(p, made, given)
-        elif type(made) is type(given):
-            given[...] = made
+    def _copy(self, p: Mapping[str, Any], source: Any, target: Any) -> None:
+        """A GPU tensor is copied on the device, from a tensor of its own library (the
+        result computed apart, ``_allocate``'s; the input a result updates)."""
+        if isinstance(target, np.ndarray) and isinstance(source, np.ndarray):
+            super()._copy(p, source, target)
+        elif type(source) is type(target):
+            target[...] = source
         else:
             raise TypeError(
-                f"{self.name}(): 'out' lies over an input and is a {type(given).__name__}, "
-                f"the inputs {type(made).__name__}s: pass an 'out' that does not, or one "
-                "of the inputs' kind"
+                f"{self.name}(): '{p['name']}' is a {type(target).__name__} and the inputs "
+                f"{type(source).__name__}s: pass an 'out' of the inputs' kind"
             )
 
     def _run(
@@ -231,7 +231,13 @@ class CudaFunction(Entry):
                     cupy.cuda.ExternalStream(a.view.producer_stream).synchronize()
         else:
             with copying(self.name):
-                device = {name: cupy.asarray(_bytes(a)) for name, a in arrays.items()}
+                # an array passed for two names (a donated state's tensor, its own
+                # result) travels once: the kernels see one array, as on the device
+                copies: dict[int, Any] = {}
+                for a in arrays.values():
+                    if id(a) not in copies:
+                        copies[id(a)] = cupy.asarray(_bytes(a))
+                device = {name: copies[id(a)] for name, a in arrays.items()}
         for name, size in self._buffer_bytes(sizes).items():
             device[name] = cupy.empty(size, dtype=cupy.uint8)
         if FAULT in device:  # a debug build's fault record starts empty

@@ -44,6 +44,12 @@ class Entry:
 
     #: How to make a tensor C-contiguous, for the message that asks for it.
     _contiguous = "np.ascontiguousarray"
+    #: Whether the backend launches the kernels itself (CUDA, HIP, OpenCL), so that a
+    #: result whose kernel reads the input it updates (the metadata's ``updates``: a
+    #: SIMT kernel's one pointer for a donated state's tensor) must hold that input's
+    #: values when the launches start. A C entry (the CPU's, a SYCL host function)
+    #: copies them itself where the two arrays differ.
+    _fills_updates = False
 
     def __init__(self, meta: Mapping[str, Any]) -> None:
         self.name = meta["name"]
@@ -78,6 +84,11 @@ class Entry:
         #: The results that the kernels may write over an input, by name: a returned
         #: state's tensors over the donated state's (``in_place``).
         self._donated = self._states.donated if self._states is not None else {}
+        #: The results that start as a copy of an input, by name, where the backend
+        #: makes that copy (``_fills_updates``): none when the call passes the input's
+        #: own array as the result, as a donated state's call does.
+        self._updates = {p["name"]: by_name[p["updates"]] for p in self._results
+                         if "updates" in p and self._fills_updates}  # fmt: skip
         #: The ``KVCache`` parameters, if any: a call takes a ``tessera.KVCache`` for each,
         #: whose arrays the function's appends write; and each one's metadata by the name
         #: of its lengths, whose guard says whether an append fits.
@@ -157,20 +168,27 @@ class Entry:
         results = []
         copies = []  # the results whose out lies over an input: computed, then copied
         for i, (p, given) in enumerate(zip(self._results, self._outs(out), strict=True)):
+            target = given
             if given is not None:
                 checked = self._tensor(p, given, dict(sizes))
-                if not self._overlaps(p, given, values):
-                    arrays[p["name"]] = checked
-                    results.append(given)
-                    continue
-                copies.append((i, given))
-            shape = tuple(evaluate(d, sizes, p["name"]) for d in p["dims"])
-            made = self._allocate(_bytes(p, shape), self._dtypes[p["name"]], arrays)
-            arrays[p["name"]] = self._tensor(p, made, dict(sizes))
-            results.append(made)
+                if self._overlaps(p, given, values):
+                    copies.append((i, given))
+                    target = None
+            if target is None:
+                shape = tuple(evaluate(d, sizes, p["name"]) for d in p["dims"])
+                target = self._allocate(_bytes(p, shape), self._dtypes[p["name"]], arrays)
+                checked = self._tensor(p, target, dict(sizes))
+            source = self._updates.get(p["name"])
+            if source is not None:
+                memory = self._extent(source, values[source["name"]])
+                if self._extent(p, target) != memory:  # not the input's own array
+                    self._copy(p, values[source["name"]], target)
+                    checked = self._tensor(p, target, dict(sizes))  # seen after the copy
+            arrays[p["name"]] = checked
+            results.append(target)
         self._run(arrays, values, sizes)
         for i, given in copies:  # as numpy's out= over an input: the result, then the copy
-            self._copy_result(self._results[i], results[i], given)
+            self._copy(self._results[i], results[i], given)
             results[i] = given
         if len(results) > 1:
             return tuple(results)
@@ -325,11 +343,12 @@ class Entry:
         start = (view.device_type << 64) + view.address
         return start, start + math.prod(view.shape) * self._dtypes[p["name"]].itemsize
 
-    def _copy_result(self, p: Mapping[str, Any], made: Any, given: Any) -> None:
-        """Copy a result computed into ``made`` into the caller's ``given``, which lay
-        over an input."""
-        target = given if isinstance(given, np.ndarray) else host_array(self._view(p, given))
-        np.copyto(target, made)
+    def _copy(self, p: Mapping[str, Any], source: Any, target: Any) -> None:
+        """Copy into the result ``p``'s ``target``: the result computed apart, where the
+        caller's ``out`` lay over an input, or the input the result updates
+        (``_updates``), where the result is not that input's own memory."""
+        into = target if isinstance(target, np.ndarray) else host_array(self._view(p, target))
+        np.copyto(into, source)
 
     def _check_guards(self, sizes: Mapping[str, int], values: Mapping[str, Any]) -> None:
         for g in self.meta["guards"]:

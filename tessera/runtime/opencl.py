@@ -47,6 +47,8 @@ def _queue() -> Any:
 class OpenclFunction(Entry):
     """One function: its launches, run on the library's queue."""
 
+    _fills_updates = True
+
     def __init__(
         self,
         program: Any,
@@ -68,7 +70,13 @@ class OpenclFunction(Entry):
 
         context = self._queue.context
         with copying(self.name):
-            device = {name: _buffer(context, a.nbytes, a) for name, a in arrays.items()}
+            # an array passed for two names (a donated state's tensor, its own result)
+            # travels once: the kernels see one buffer, as on a GPU
+            buffers: dict[int, Any] = {}
+            for a in arrays.values():
+                if id(a) not in buffers:
+                    buffers[id(a)] = _buffer(context, a.nbytes, a)
+            device = {name: buffers[id(a)] for name, a in arrays.items()}
         for name, size in self._buffer_bytes(sizes).items():
             device[name] = _buffer(context, size)
         if FAULT in device:  # a debug build's fault record starts empty

@@ -121,8 +121,8 @@ def fast_path(
             f"guards({{{', '.join(f'{n!r}: {s}' for n, s in symbols.items())}}}, "
             f"{{{', '.join(f'{n!r}: {x}' for n, x in arg.items())}}})"
         )
-    spans = [(backend.address(arg[p["name"]]), _nbytes(p, symbols, dtype))
-             for p in inputs if p["kind"] == "tensor"]  # fmt: skip
+    spans = {p["name"]: (backend.address(arg[p["name"]]), _nbytes(p, symbols, dtype))
+             for p in inputs if p["kind"] == "tensor"}  # fmt: skip
     placed = _results(meta, backend, dtype, symbols, arg, names, spans)
     if None in placed:
         return None  # a result whose shape is an expression of sizes, or a dtype it lacks
@@ -142,17 +142,21 @@ def fast_path(
 def _results(
     meta: Mapping[str, Any], backend: Backend, dtype: Callable[[str], np.dtype],
     symbols: Mapping[str, str], arg: dict[str, str], names: dict[str, Any],
-    spans: list[tuple[str, str]],
+    spans: Mapping[str, tuple[str, str]],
 ) -> list[str | None]:  # fmt: skip
     """The lines that place the results ``r0``, ``r1``, ... and their addresses ``r0_p``,
     ...: allocated, or with ``out`` the caller's tensors (one, or a tuple of one per
-    result), each checked as an input is and for the result's shape, and left to the
-    full path where it lies over an input's memory (``spans``: each tensor input's
-    address and bytes), which computes it apart and copies it; ``None`` among them
-    where no plan reduces so."""
+    result, None where one is allocated), each checked as an input is and for the
+    result's shape, and left to the full path where it lies over an input's memory
+    (``spans``: each tensor input's address and bytes by name), which computes it apart
+    and copies it; ``None`` among them where no plan reduces so. A result that updates
+    an input (the metadata's ``updates``: the kernel reads the input from the result's
+    memory) is that input's own tensor, as a donated state's call passes it; the full
+    path copies the input into any other, and into one it allocates."""
     by_name = {p["name"]: p for p in meta["params"]}
     results = [f"r{r}" for r in range(len(meta["results"]))]
     result_address = backend.result_address or backend.address
+    indent = "    ".__add__
     allocated: list[str] = []
     given: list[str] = []
     for r, name in zip(results, meta["results"], strict=True):
@@ -165,15 +169,27 @@ def _results(
         if names[f"{r}_dtype"] is None:
             return [None]
         arg[name] = f"{r}_p"
-        allocated += [f"{r} = {backend.allocate(shape, f'{r}_dtype')}",
-                      f"{r}_p = {result_address(r)}"]  # fmt: skip
-        given += [f"if not ({backend.accepts(r, f'{r}_dtypes', True)}):", "    return MISSED",
+        made = [f"{r} = {backend.allocate(shape, f'{r}_dtype')}", f"{r}_p = {result_address(r)}"]
+        if "updates" in p:
+            made = ["return MISSED"]  # to be filled with the input's copy first
+        allocated += made
+        checks = [f"if not ({backend.accepts(r, f'{r}_dtypes', True)}):", "    return MISSED",
                   f"if {backend.shape(r)} != {shape}:", "    return MISSED",
                   f"{r}_p = {backend.address(r)}"]  # fmt: skip
+        if "updates" in p:
+            checks += [f"if {r}_p != {spans[p['updates']][0]}:", "    return MISSED"]
         end = f"{r}_p + {_nbytes(p, symbols, dtype)}"
-        for address, nbytes in spans:
-            given += [f"if {r}_p < {address} + {nbytes} and {address} < {end}:",
-                      "    return MISSED"]  # fmt: skip
+        for other, (address, nbytes) in spans.items():
+            if other == p.get("updates"):
+                continue  # the same memory: the kernel reads each element before it writes it
+            checks += [f"if {r}_p < {address} + {nbytes} and {address} < {end}:",
+                       "    return MISSED"]  # fmt: skip
+        if len(results) == 1:
+            given += checks
+        else:  # a tuple of outs holds None where a result is allocated
+            given += [f"if {r} is None:", *map(indent, made), "else:", *map(indent, checks)]
+    if "return MISSED" in allocated:
+        allocated = ["return MISSED"]
     if not all(names[f"{r}_dtypes"] for r in results):  # a dtype the library lacks
         return ["if out is not None:", "    return MISSED", *allocated]
     if len(results) == 1:
@@ -181,7 +197,6 @@ def _results(
     else:
         unpack = [f"if type(out) is not tuple or len(out) != {len(results)}:",
                   "    return MISSED", f"{', '.join(results)} = out"]  # fmt: skip
-    indent = "    ".__add__
     return ["if out is None:", *map(indent, allocated), "else:",
             *map(indent, [*unpack, *given])]  # fmt: skip
 

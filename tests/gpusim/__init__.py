@@ -260,6 +260,10 @@ class DeviceArray:
     def __int__(self) -> int:
         return int(self.data)
 
+    def copy(self) -> DeviceArray:
+        """A copy on the device, as ``cupy_array.copy()`` makes it."""
+        return DeviceArray(self.data.copy())
+
     def __setitem__(self, key: Any, value: Any) -> None:
         """A copy on the device, as ``cupy_array[...] = other`` makes it."""
         self.data[key] = value.data if isinstance(value, DeviceArray) else value

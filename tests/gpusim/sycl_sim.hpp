@@ -207,6 +207,9 @@ struct queue {
     std::memcpy(to, from, bytes);
     return {};
   }
+  event memcpy(void* to, const void* from, std::size_t bytes, event) {
+    return memcpy(to, from, bytes);
+  }
   event memset(void* p, int value, std::size_t bytes) {
     std::memset(p, value, bytes);
     return {};

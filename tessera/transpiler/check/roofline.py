@@ -4,11 +4,12 @@ Each op costs what its tiles say: a product ``2 m n k`` FLOPs, an elementwise op
 reduction one per element, online softmax five per score (max, subtract, exp, sum,
 rescale); a ``load``, ``store`` or ``copy`` requests its tile's bytes from global
 memory (``requested_bytes``: what the programs ask of the caches). The roofline's
-``bytes`` are the tensors' own, each read or written once: what DRAM must move at
-least, where caches keep every reuse. A loop multiplies its body by its trip count (``extent /
-step``: a causal loop counted whole), a branch costs its first region (the
-condition holding), and the kernel is that times its programs (each grid axis's
-``extent / block``). Tiles are counted whole, so ragged edges count as full tiles.
+``bytes`` are the tensors' own, each read or written once (twice, one both read and
+written over): what DRAM must move at least, where caches keep every reuse. A loop
+multiplies its body by its trip count (``extent / step``: a causal loop counted
+whole), a branch costs its first region (the condition holding), and the kernel is
+that times its programs (each grid axis's ``extent / block``). Tiles are counted
+whole, so ragged edges count as full tiles.
 
 The totals are expressions in the program's sizes (``2*M*N*K``); the arithmetic
 intensity and the bound are evaluated where ``-D`` fixed the sizes and at
@@ -25,9 +26,9 @@ from typing import Any
 
 from ...frozen import frozen
 from ..graph.dims import Dim
-from ..graph.ir import Block, Op
+from ..graph.ir import Block, Op, walk
 from ..graph.types import TensorType, TileType
-from ..tile.ir import Mma, SharedType, TileKernel
+from ..tile.ir import STORES, Mma, SharedType, TileKernel
 
 __all__ = ["PEAKS", "SIZE", "Peak", "Cost", "kernel_cost", "roofline"]
 
@@ -65,7 +66,8 @@ _FREE = frozenset({
 @frozen
 class Cost:
     flops: Dim
-    #: The tensors' bytes (each once), and the bytes the programs' accesses request.
+    #: The tensors' bytes (each once, or twice where read and written), and the bytes
+    #: the programs' accesses request.
     bytes: Dim
     requested: Dim
     #: Whether a product runs on a matrix unit (the peak it can reach).
@@ -78,10 +80,15 @@ def kernel_cost(kernel: TileKernel) -> Cost:
     programs = Dim.const(1)
     for axis in kernel.grid:
         programs = programs * axis.extent / axis.block
+    stored = {op.operands[0].id for op in walk(kernel.body) if op.kind in STORES}
+    read = {v.id for op in walk(kernel.body) if op.kind not in STORES for v in op.operands}
     tensors = Dim.const(0)
     for param in kernel.params:
         if isinstance(param.type, TensorType):
-            tensors = tensors + _elements(param.type) * param.type.dtype.bits / 8
+            # a tensor read and written over (an optimizer state updated in place)
+            # moves twice: in, and back out
+            times = 2 if param.id in stored and param.id in read else 1
+            tensors = tensors + _elements(param.type) * param.type.dtype.bits / 8 * times
     return Cost(flops * programs, tensors, bytes_ * programs, matrix)
 
 

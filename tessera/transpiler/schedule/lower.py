@@ -567,13 +567,12 @@ class _Scheduler:
     def _donated(self, writer: dict[int, int]) -> tuple[tuple[str, str], ...]:
         """The tensors of each returned ``OptimizerState`` that the kernels may write
         into the memory of the donated state's (``m`` into ``state_m``), by name: those
-        of a state all of whose tensors may (``_writes_over``). On the CPU only: the
-        GPU emitters declare their pointers ``restrict`` and compute an elementwise value
-        again where it is read, so that an input there must not be a result's memory.
-        The others are computed apart, and the runtime copies them into the state."""
+        of a state all of whose tensors may (``_writes_over``). The CPU kernel reads
+        the donated tensor and writes the result, which the runtime passes over it; a
+        SIMT kernel (CUDA, HIP, OpenCL, SYCL), whose pointers are ``restrict``, takes
+        the two as one parameter that it reads and writes (``tile.build``). The others
+        are computed apart, and the runtime copies them into the state."""
         f = self.function
-        if self.hw.target != "cpu":
-            return ()
         params = {p.value.name: p.value for p in f.params}
         donated: list[tuple[str, str]] = []
         for slot in f.states:

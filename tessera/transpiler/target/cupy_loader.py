@@ -37,7 +37,7 @@ _WIDTH = 88  # black's default line length
 #: a parameter may not.
 _MODULE_NAMES = """cupy numpy math ctypes functools Path max ValueError _SOURCE _OPTIONS
     _DEFAULT_SMEM _module _kernel _launch _persistent _driver _tensor_map _tensor _shape _indices
-    BoundsError _BOUNDS _fault NonFiniteError _as_floats _finite"""
+    BoundsError _BOUNDS _fault NonFiniteError _as_floats _finite _updated"""
 _MODULE = frozenset(_MODULE_NAMES.split())
 
 
@@ -67,11 +67,12 @@ def python_loader(meta: Mapping[str, Any], cuda_file: str) -> str:
     persistent = any(launch.get("persistent") for f in meta["functions"]
                      for launch in f["launches"])  # fmt: skip
     sentinels = any("sentinel" in launch for f in meta["functions"] for launch in f["launches"])
+    updates = any("updates" in p for f in meta["functions"] for p in f["params"])
     return environment("loader").get_template("cupy_loader.py.j2").render(
         source=meta["source"], arch=meta["arch"], cuda_file=cuda_file,
         options=_tuple([f'"{o}"' for o in meta["build"]["options"]]), functions=functions,
         tma=tma, indices=indices, persistent=persistent, bounds=_bounds(meta),
-        sentinels=sentinels,
+        sentinels=sentinels, updates=updates,
     )  # fmt: skip
 
 
@@ -163,6 +164,15 @@ def _function(f: Mapping[str, Any]) -> dict[str, Any]:
     for result in results:
         out, dtype = result["name"], f'dtype="{_STORAGE[result["dtype"]]}"'
         shape = _tuple(_array_shape(result, names))
+        given = result.get("updates")
+        if given is not None:  # the kernel reads the input from the result's memory
+            body.append(
+                f"    # {out} is {given} updated: in place where {given} is passed as {out}"
+            )
+            body.append(f"    if {out} is not None:")
+            body.extend(_tensor_checks(8, name, result, set(bound), names))
+            body.append(f"    {out} = _updated({out}, {given})")
+            continue
         body.append(f"    if {out} is None:")
         body.extend(_wrap(8, f"{out} = cupy.empty(", [shape, dtype], ")"))
         body.append("    else:")

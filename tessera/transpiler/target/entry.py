@@ -20,8 +20,8 @@ from ..tile.ir import STORES, TileKernel, TileProgram
 from ..tile.kvcache import flat_types
 
 __all__ = [
-    "signature_items", "symbols", "kernel_sizes", "entry_params", "written", "signature_meta",
-    "mesh_meta",
+    "signature_items", "symbols", "kernel_sizes", "entry_params", "written", "updated",
+    "signature_meta", "mesh_meta",
 ]  # fmt: skip
 
 
@@ -87,6 +87,30 @@ def written(program: TileProgram, name: str) -> bool:
     )
 
 
+def updated(program: TileProgram) -> dict[str, str]:
+    """The results whose kernel reads the input they are written over, by name, with
+    that input's: a SIMT kernel takes a donated state's tensor and its result as one
+    parameter, the result's (``tile.build``), so the result must hold the input's values
+    when the launches start: the caller passes the input's array as the result, or the
+    launcher copies it there first."""
+    donated = dict(program.host.donated)
+    results = result_names(len(program.host.results))
+    pairs = zip(results, program.host.results, strict=True)
+    given = {out: donated[r].removeprefix("%") for out, r in pairs if r in donated}
+    return {out: name for out, name in given.items() if _read(program, out)}
+
+
+def _read(program: TileProgram, name: str) -> bool:
+    """Whether a kernel of the program reads the parameter ``name`` (an op other than a
+    store takes it)."""
+    for kernel in program.kernels:
+        ids = {p.id for p in kernel.params if p.name == name}
+        for op in walk(kernel.body):
+            if op.kind not in STORES and any(v.id in ids for v in op.operands):
+                return True
+    return False
+
+
 def signature_items(inputs: list[Mapping[str, Any]]) -> list[str]:
     """An entry's inputs as its documentation shows them, from their metadata: dtypes,
     dims and defaults as the ``.tsr`` file gives them, and ``*`` before the keyword-only
@@ -109,11 +133,14 @@ def signature_meta(program: TileProgram) -> dict[str, Any]:
     results = result_names(len(program.host.results))
     defaults = {n.removeprefix("%"): v for n, v in program.host.defaults}
     keyword_only = {n.removeprefix("%") for n in program.host.keyword_only}
+    updates = updated(program)
     for name, t in entry_params(program):
         if isinstance(t, TensorType):
             io = "out" if name in results else "inout" if written(program, name) else "in"
             params.append({"name": name, "kind": "tensor", "dtype": t.dtype.name,
                            "dims": [str(d) for d in t.dims], "io": io})  # fmt: skip
+            if name in updates:
+                params[-1]["updates"] = updates[name]
         else:
             params.append({"name": name, "kind": "scalar", "type": t.kind})
             if name in defaults:

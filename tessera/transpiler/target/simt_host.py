@@ -195,11 +195,13 @@ _API = {
     "cuda": {"stream": "cudaStream_t", "success": "cudaSuccess", "malloc": "cudaMallocAsync",
              "free": "cudaFreeAsync", "last_error": "cudaGetLastError",
              "memcpy": "cudaMemcpyAsync", "memset": "cudaMemsetAsync",
-             "to_host": "cudaMemcpyDeviceToHost", "sync": "cudaStreamSynchronize"},
+             "to_host": "cudaMemcpyDeviceToHost", "on_device": "cudaMemcpyDeviceToDevice",
+             "sync": "cudaStreamSynchronize"},
     "hip": {"stream": "hipStream_t", "success": "hipSuccess", "malloc": "hipMallocAsync",
             "free": "hipFreeAsync", "last_error": "hipGetLastError",
             "memcpy": "hipMemcpyAsync", "memset": "hipMemsetAsync",
-            "to_host": "hipMemcpyDeviceToHost", "sync": "hipStreamSynchronize"},
+            "to_host": "hipMemcpyDeviceToHost", "on_device": "hipMemcpyDeviceToDevice",
+            "sync": "hipStreamSynchronize"},
 }  # fmt: skip
 
 
@@ -275,6 +277,14 @@ def _function(f: Mapping[str, Any], target: str) -> str:
             f"  if ({api['memset']}({FAULT}, 0, {FAULT_BYTES}, stream) != {api['success']})",
             "    return TSR_HOST_ELAUNCH;",
         ]
+    for p in f["params"]:
+        if "updates" in p:  # the kernel reads the input from the result: it starts as it
+            size = f"{c_dim(_elements(p))} * sizeof({storage[p['dtype']]})"
+            lines += [
+                f"  if ({p['name']} != {p['updates']} && {api['memcpy']}({p['name']}, "
+                f"{p['updates']}, {size}, {api['on_device']}, stream) != {api['success']})",
+                "    return TSR_HOST_ELAUNCH;",
+            ]
     for k in f["launches"]:
         lines += ["  " + line for line in _launch(k, target, f)]
         if FAULT in k["args"]:
@@ -320,19 +330,25 @@ NON_FINITE = {"f32": 0x7F800000, "tf32": 0x7F800000, "bf16": 0x7F80, "f16": 0x7C
                "fp8_e5m2": 0x7C, "fp8_e4m3": 0x7F}  # fmt: skip
 
 
+def _elements(p: Mapping[str, Any]) -> Dim:
+    """The elements of the tensor parameter ``p``."""
+    count = Dim.const(1)
+    for d in p["dims"]:
+        count = count * parse_dim(d)
+    return count
+
+
 def _sentinel(k: Mapping[str, Any], f: Mapping[str, Any]) -> list[str]:
     """A debug build's sentinel after launch ``k``: each float tensor it writes."""
     if "sentinel" not in k:
         return []
-    dims = {p["name"]: p["dims"] for p in f["params"] if p["kind"] == "tensor"}
+    tensors = {p["name"]: p for p in f["params"] if p["kind"] == "tensor"}
     buffers = {b["name"]: b["bytes"] for b in f["buffers"]}
     lines = []
     for w in k["sentinel"]["writes"]:
         size = ENTRY_DTYPES[w["dtype"]].bits // 8
-        if w["name"] in dims:
-            count = Dim.const(1)
-            for d in dims[w["name"]]:
-                count = count * parse_dim(d)
+        if w["name"] in tensors:
+            count = _elements(tensors[w["name"]])
         else:
             count = parse_dim(buffers[w["name"]]) / size
         what = f"kernel '{k['kernel']}' ({k['sentinel']['line']}) wrote to '{w['name']}':"

@@ -271,6 +271,13 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.walk_index: tuple[str, ...] = ()
         self.walk_head = self.walk_start = 0
         self.stored = {op.operands[0].id for op in walk(kernel.body) if op.kind in STORES}
+        #: Lazy loads of a tensor the kernel stores to (a tile of symbolic size, which no
+        #: registers hold), by the tensor's id: each load's result id and access. The
+        #: store over them ends them (``expired``): read after it, they would give the
+        #: new elements (``op_store``). The tensors stored to so far.
+        self.overwritten: dict[int, list[tuple[int, Access]]] = {}
+        self.expired: set[int] = set()
+        self.stored_so_far: set[int] = set()
         #: While a store's value is printed: the terms of the condition it is stored under,
         #: which a read inside the value need not test again.
         self.implied: frozenset[str] = frozenset()
@@ -1129,7 +1136,19 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             self.lazy(op.results[0], element)
             return
         if not _constant(out):
-            raise NotLowered("a load of a symbolic size from a tensor the kernel writes")
+            if tensor.id in self.stored_so_far:  # other threads' elements, maybe
+                raise NotLowered("a load of a symbolic size from a tensor the kernel wrote")
+            # read where it is consumed, until the store over the tensor (``op_store``)
+            result = op.result.id
+
+            def before_the_store(index: tuple[str, ...]) -> str:
+                if result in self.expired:
+                    raise NotLowered("a read of a tensor after the kernel stored over it")
+                return element(index)
+
+            self.lazy(op.results[0], before_the_store)
+            self.overwritten.setdefault(tensor.id, []).append((result, op.attr("at")))
+            return
         name = self.namer.fresh(self.temps.wanted(op.result), "v")
         self.line(f"float {name}[{-(-_numel(out) // self.kernel.threads)}];")
         index = self.walk(Flat(out), op.result.type)
@@ -1138,6 +1157,25 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.forms[op.result.id] = Form("owned", out, name, dist=Flat(out))
 
     def op_store(self, op: Op) -> None:
+        """Store a tile. A store over a tensor that lazy loads read (an optimizer
+        state's moment, updated in place in a tile of symbolic size) writes each element
+        in the walk that reads it, so the loads must read the elements it writes; it
+        ends them, and the value stored, read again later, is the element just stored
+        (by the same thread: the value's walk), not its expression over the old ones."""
+        tensor, tile = op.operands
+        at: Access = op.attr("at")
+        loads = self.overwritten.pop(tensor.id, [])
+        if any(read != at for _, read in loads):
+            raise NotLowered("a store over elements of a tensor other than those it read")
+        self.store(op)
+        self.stored_so_far.add(tensor.id)
+        self.expired.update(result for result, _ in loads)
+        if loads and self.forms[tile.id].kind == "lazy":
+            dist = self.forms[tile.id].dist or Flat(tuple(tile.type.dims))
+            element = self.global_element(tensor, at, tile.type)
+            self.forms[tile.id] = Form("lazy", tuple(tile.type.dims), element=element, dist=dist)
+
+    def store(self, op: Op) -> None:
         self.check_bounds(op)
         tensor, tile = op.operands
         at: Access = op.attr("at")

@@ -24,7 +24,7 @@ from ..tile.ir import TileKernel, TileModule, TileProgram
 from ..tile.smem import arena_alignment
 from .cexpr import c_dim, names_used, param_name
 from .cuda_nccl import nccl_host_code, nccl_meta
-from .entry import kernel_sizes, mesh_meta, signature_meta
+from .entry import kernel_sizes, mesh_meta, signature_meta, updated
 from .header import C_SYMBOL, needed
 from .naming import C_LIBRARY, GPU_BUILTINS, OPENCL_BUILTINS, Namer
 from .render import environment
@@ -68,8 +68,16 @@ class SimtModule:
 class _KernelView:
     """A kernel's source as the template lays it out."""
 
-    def __init__(self, kernel: TileKernel, simt: SimtKernel, d: Dialect, name: str) -> None:
+    def __init__(
+        self, kernel: TileKernel, simt: SimtKernel, d: Dialect, name: str,
+        updates: dict[str, str],
+    ) -> None:  # fmt: skip
+        """``updates``: the results of the function that start as the input they update
+        (``entry.updated``), which the kernel reads and writes through one pointer."""
         self.name = name
+        pairs = zip(kernel.params, simt.params, strict=True)
+        held = [f"{c.name} ({updates[p.name]})" for p, c in pairs if p.name in updates]
+        self.updates = f"updated in place: {', '.join(held)}" if held else ""
         self.simt = simt
         self.threads = simt.threads
         self.bounds = f"{simt.threads}, 1" if simt.one_block else str(simt.threads)
@@ -252,7 +260,9 @@ def emit_simt(
                 simt = emit_simt_kernel(kernel, d, dims, lanes, align, sites)
                 clash = hosts and kernel.name == program.host.function
                 wanted = f"{kernel.name}_{kernel.launch}" if clash else kernel.name
-                views[kernel.name] = _KernelView(kernel, simt, d, namer.fresh(wanted))
+                views[kernel.name] = _KernelView(
+                    kernel, simt, d, namer.fresh(wanted), updated(program)
+                )
                 if d.launched_locals:
                     views[kernel.name].with_submit(namer.fresh(f"{wanted}_submit"), d)
                 _check_shared_memory(simt, hw)

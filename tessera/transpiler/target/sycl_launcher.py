@@ -29,7 +29,7 @@ from ..graph.dims import Dim
 from ..graph.types import TensorType, in_memory
 from ..tile.ir import TileKernel, TileProgram
 from .cexpr import c_dim, names_used, param_name
-from .entry import entry_params, kernel_sizes, symbols, written
+from .entry import entry_params, kernel_sizes, symbols, updated, written
 from .naming import C_LIBRARY, GPU_BUILTINS, Namer
 from .simt_dialect import Dialect
 from .simt_host import NON_FINITE
@@ -73,6 +73,9 @@ class Launcher:
     #: (pointer type, name, bytes) of each intermediate.
     buffers: tuple[tuple[str, str, str], ...]
     launches: tuple[Launch, ...]
+    #: (result, input, bytes) of each result that starts as the input it updates
+    #: (``entry.updated``): copied there first, unless the caller passes the input.
+    updates: tuple[tuple[str, str, str], ...] = ()
 
 
 def launcher(
@@ -117,9 +120,16 @@ def launcher(
             launch = replace(launch, sentinel=f"kernel '{printed}' ({sentinels[kernel.name]})",
                              writes=_writes(kernel, names))  # fmt: skip
         launches.append(launch)
+    types = dict(entry_params(program))
+    updates = []
+    for result, given in updated(program).items():
+        t = types[result]
+        size = f"{c_dim(_elements(t), names)} * sizeof({d.storage[t.dtype.name]})"
+        updates.append((names[result], names[given], size))
     # an input or a size that nothing reads (a function whose kernels read no input, as
     # arange's) keeps its place in the signature, unnamed
-    f = Launcher(name, program.host.function, (), tuple(buffers), tuple(launches))
+    f = Launcher(name, program.host.function, (), tuple(buffers), tuple(launches),
+                 tuple(updates))  # fmt: skip
     read = names_used(launcher_lines(f))
     params = [f"{decl} {param_name(n, n in read)}" for decl, n in (*inputs, *sizes)]
     return replace(f, params=tuple(params))
@@ -131,14 +141,19 @@ def _writes(
     """Each float tensor ``kernel`` writes, as a sentinel checks it."""
     out = []
     for p in written_floats(kernel):
-        count = Dim.const(1)
-        for d in p.type.dims:
-            count = count * d
         dtype = p.type.dtype.name
         infinite = dtype != "fp8_e4m3"  # S.1111.111 is its one non-finite value, a NaN
-        out.append((names[p.name], c_dim(count, names), p.type.dtype.bits // 8,
+        out.append((names[p.name], c_dim(_elements(p.type), names), p.type.dtype.bits // 8,
                     NON_FINITE[dtype], infinite))  # fmt: skip
     return tuple(out)
+
+
+def _elements(t: TensorType) -> Dim:
+    """The elements of a tensor of type ``t``."""
+    count = Dim.const(1)
+    for d in t.dims:
+        count = count * d
+    return count
 
 
 def _locals(simt: SimtKernel) -> tuple[tuple[str, str, int], ...]:
@@ -245,6 +260,9 @@ def launcher_lines(f: Launcher) -> list[str]:
     if any(launch.checked for launch in f.launches):
         lines.append(f"queue.memset({FAULT}, 0, {FAULT_BYTES}).wait();")
     lines.append("sycl::event done;")
+    for result, given, size in f.updates:  # the kernel reads `given` from `result`
+        lines.append(f"if ({result} != {given}) done = queue.memcpy({result}, {given}, "
+                     f"{size}, done);")  # fmt: skip
     launches = _launch_lines(f)
     if checked:
         lines += ["try {", *("  " + line for line in launches), "} catch (...) {"]

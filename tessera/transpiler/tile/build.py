@@ -17,7 +17,7 @@ from ..frontend.source import Span
 from ..graph.dims import Dim
 from ..graph.fusion import CACHE_VIEWS, kernel_order, op_class
 from ..graph.graph_ops import DRAWN, ELEMENTWISE_MATH, retyping_view, rows_permuted
-from ..graph.ir import RESULT, Function, GraphModule, Group, Op, Value, new_value, result_names
+from ..graph.ir import Function, GraphModule, Group, Op, Value, new_value, result_names
 from ..graph.kvcache import cache_param, flat_names
 from ..graph.printer import value_names
 from ..graph.types import KVCacheType, ScalarType, TensorType, in_memory, result_types
@@ -74,7 +74,7 @@ def tile_module(
                     "tile stage does not implement yet; the kernel runs K in one slice",
                     function.span,
                 )
-            kernel = _lower_launch(function, host, group, launch, diags)
+            kernel = _lower_launch(function, host, group, launch, diags, hw.target != "cpu")
             if kernel is not None:
                 try:
                     kernels.append(run_tile_passes(kernel, hw, until))
@@ -85,8 +85,14 @@ def tile_module(
 
 
 def _lower_launch(
-    function: Function, host: HostProgram, group: Group, launch: Launch, diags: Diagnostics
-) -> TileKernel | None:
+    function: Function, host: HostProgram, group: Group, launch: Launch, diags: Diagnostics,
+    one_pointer: bool,
+) -> TileKernel | None:  # fmt: skip
+    """The Tile IR kernel of one launch. With ``one_pointer`` (the SIMT targets), a
+    result written over a donated input (``host.donated``) and that input are one
+    parameter, the result's: its pointers are ``restrict``, so the two may not be two
+    pointers to one array. The kernel reads the input's values from the result's memory,
+    which holds them when it starts (the donated array itself, or the runtime's copy)."""
     name = function.name if len(host.launches) == 1 else f"{function.name}_{launch.name}"
     if group.kind == "tile":
         declared = [t for t in result_types(function.result_type) if isinstance(t, TensorType)]
@@ -112,6 +118,10 @@ def _lower_launch(
         if printed in names and not isinstance(names[printed].type, KVCacheType):
             v = names[printed]
             rename[v.id] = new_value(in_memory(v.type), results.get(v.id, param_name(printed)))
+    for result, given in host.donated if one_pointer else ():
+        new, old = names[result], names[given]
+        if new.id in rename and old.id in rename:
+            rename[old.id] = rename[new.id]
     if group.kind == "state":
         (op,) = (function.body.ops[i] for i in group.ops)  # fusion adds nothing to it
         return cache_kernel(function, op, launch, name, rename)
