@@ -431,8 +431,8 @@ SABOTAGED = {
         "tsr_landed + 1, 0);"),
 
     "a TMA box's coordinates outermost first": (
-        "gemm:gemm", "sm_90a", "&b_map, tsr_landed + 0, BN*pid_n + 64, 0)",
-        "&b_map, tsr_landed + 0, 0, BN*pid_n + 64)"),
+        "gemm:gemm", "sm_90a", "&b_map, tsr_landed + 0, BN*pid_n + PANEL, 0)",
+        "&b_map, tsr_landed + 0, 0, BN*pid_n + PANEL)"),
     "a causal block on the diagonal taken for one the mask leaves whole": (
         "attention:attention", "sm_90a", "BN*nblk + 127 <= BM*pid_m", "BN*nblk <= BM*pid_m"),
     "the ragged last key block taken for a whole one": (

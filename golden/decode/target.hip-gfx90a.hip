@@ -3148,7 +3148,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
-  // kvattend_932ca46650de415e:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -3164,7 +3164,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       }
     }
   }
-  // kvattend_932ca46650de415e:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   #pragma unroll
   for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
@@ -3188,7 +3188,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
-    // kvattend_932ca46650de415e:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -3204,7 +3204,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
         }
       }
     }
-    // kvattend_932ca46650de415e:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -3221,7 +3221,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       }
     }
     __syncthreads();
-    // kvattend_932ca46650de415e:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; kk += MMA_K) {
@@ -3236,7 +3236,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
       for (int reg = 0; reg < TSR_MMA_REGS; ++reg) dot[reg] = frag_acc[reg];
     }
-    // kvattend_932ca46650de415e:26: p, m_c, l_c = tile.softmax_online(s)
+    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -3296,7 +3296,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 8);
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 16);
     }
-    // kvattend_932ca46650de415e:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
+    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
     //   m_c, l_c)
     float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
     #pragma unroll
@@ -3340,7 +3340,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       }
     }
   }
-  // kvattend_932ca46650de415e:28: return tile.where(l[:, None] > 0.0, acc / l[:, None], 0.0)
+  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   #pragma unroll
   for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
@@ -3349,7 +3349,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       const int j = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
-          ((l[reg] > 0.0f) ? (acc[t] / l[reg]) : 0.0f);
+          ((l[reg] > 0.0f) != 0.0f ? (acc[t] / l[reg]) : 0.0f);
     }
   }
 }
@@ -4635,7 +4635,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
-  // kvattend_932ca46650de415e:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -4651,7 +4651,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       }
     }
   }
-  // kvattend_932ca46650de415e:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   #pragma unroll
   for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
@@ -4675,7 +4675,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
-    // kvattend_932ca46650de415e:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -4691,7 +4691,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
         }
       }
     }
-    // kvattend_932ca46650de415e:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -4708,7 +4708,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       }
     }
     __syncthreads();
-    // kvattend_932ca46650de415e:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; kk += MMA_K) {
@@ -4723,7 +4723,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
       for (int reg = 0; reg < TSR_MMA_REGS; ++reg) dot[reg] = frag_acc[reg];
     }
-    // kvattend_932ca46650de415e:26: p, m_c, l_c = tile.softmax_online(s)
+    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -4783,7 +4783,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 8);
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 16);
     }
-    // kvattend_932ca46650de415e:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
+    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
     //   m_c, l_c)
     float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
     #pragma unroll
@@ -4827,7 +4827,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       }
     }
   }
-  // kvattend_932ca46650de415e:28: return tile.where(l[:, None] > 0.0, acc / l[:, None], 0.0)
+  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   #pragma unroll
   for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
@@ -4836,7 +4836,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       const int j = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
       if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
-          ((l[reg] > 0.0f) ? (acc[t] / l[reg]) : 0.0f);
+          ((l[reg] > 0.0f) != 0.0f ? (acc[t] / l[reg]) : 0.0f);
     }
   }
 }

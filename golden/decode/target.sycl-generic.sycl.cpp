@@ -2914,7 +2914,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float scale = 0.125f;
-  // kvattend_932ca46650de415e:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -2929,7 +2929,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
       }
     }
   }
-  // kvattend_932ca46650de415e:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -2947,7 +2947,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     sycl::group_barrier(it.get_group());
-    // kvattend_932ca46650de415e:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -2962,7 +2962,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
         }
       }
     }
-    // kvattend_932ca46650de415e:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -2978,7 +2978,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
       }
     }
     sycl::group_barrier(it.get_group());
-    // kvattend_932ca46650de415e:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; ++kk) {
@@ -2991,7 +2991,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
-    // kvattend_932ca46650de415e:26: p, m_c, l_c = tile.softmax_online(s)
+    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -3054,7 +3054,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
       l_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
-    // kvattend_932ca46650de415e:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
+    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
     //   m_c, l_c)
     float alpha[RM], beta[RM];
     for (int r = 0; r < RM; ++r) {
@@ -3091,14 +3091,14 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
       }
     }
   }
-  // kvattend_932ca46650de415e:28: return tile.where(l[:, None] > 0.0, acc / l[:, None], 0.0)
+  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
-          ((l[r] > 0.0f) ? (acc[t] / l[r]) : 0.0f);
+          ((l[r] > 0.0f) != 0.0f ? (acc[t] / l[r]) : 0.0f);
     }
   }
 }
@@ -4279,7 +4279,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float scale = 0.125f;
-  // kvattend_932ca46650de415e:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -4294,7 +4294,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
       }
     }
   }
-  // kvattend_932ca46650de415e:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -4312,7 +4312,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     sycl::group_barrier(it.get_group());
-    // kvattend_932ca46650de415e:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -4327,7 +4327,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
         }
       }
     }
-    // kvattend_932ca46650de415e:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -4343,7 +4343,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
       }
     }
     sycl::group_barrier(it.get_group());
-    // kvattend_932ca46650de415e:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; ++kk) {
@@ -4356,7 +4356,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
-    // kvattend_932ca46650de415e:26: p, m_c, l_c = tile.softmax_online(s)
+    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -4419,7 +4419,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
       l_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
-    // kvattend_932ca46650de415e:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
+    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
     //   m_c, l_c)
     float alpha[RM], beta[RM];
     for (int r = 0; r < RM; ++r) {
@@ -4456,14 +4456,14 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
       }
     }
   }
-  // kvattend_932ca46650de415e:28: return tile.where(l[:, None] > 0.0, acc / l[:, None], 0.0)
+  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
       if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
-          ((l[r] > 0.0f) ? (acc[t] / l[r]) : 0.0f);
+          ((l[r] > 0.0f) != 0.0f ? (acc[t] / l[r]) : 0.0f);
     }
   }
 }

@@ -311,7 +311,11 @@ def _split(call: OpCall) -> object:
 
 @register("tile.concat", P("tiles"), P("axis"), level="tile")
 def _concat(call: OpCall) -> object:
-    """Join a tuple of tiles along ``axis``; the other dims and the dtype must agree."""
+    """Join a tuple of tiles along ``axis``; the other dims and the dtype must agree. On
+    the GPU targets and OpenCL, a piece after the first that a product computed (a
+    ``tile.dot`` accumulator, held in registers across the threads) is not lowered yet:
+    the kernel is refused with that reason. Loaded tiles, elementwise results and row
+    vectors (``mean[:, None]``) join anywhere."""
     tiles = call.raw("tiles")
     if (
         not isinstance(tiles, tuple)
