@@ -69,6 +69,11 @@ def _fused_qkv(x: Any) -> Any:
     return F.scaled_dot_product_attention(q, k, v) + q * 0.5
 
 
+def _strided(x: Any, w: Any) -> Any:
+    a, b = x.chunk(2, dim=-1)
+    return torch.where((a > 0) & ~(b > 0.5), a * b, x[:, ::2] - x[:, 1::2]) @ w + x[:, -1:]
+
+
 #: Each case: its function, its inputs ((name, shape) in parameter order; a shape of
 #: strings, "i32:" before an integer one, "ixC:" before indices in [0, C)), and the same
 #: function in PyTorch.
@@ -166,6 +171,7 @@ CASES: dict[str, tuple[tuple[tuple[str, str], ...], Callable[..., Any]]] = {
         lambda x, y: (x[2:6, 3:7] * torch.tanh(x[1:5, -4:]), y[1:3, :, 4][:, :, None] * 2),
     ),
     "fused_qkv": ((("x", "RQ"),), lambda x: _fused_qkv(x)),
+    "strided": ((("x", "RD"), ("w", "33")), lambda x, w: _strided(x, w)),
     "scattered": (
         (("x", "RC"), ("idx", "ixC:RK"), ("v", "RK")),
         lambda x, idx, v: (x * 2).scatter_add(-1, idx.long(), torch.tanh(v)),
