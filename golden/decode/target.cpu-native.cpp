@@ -2431,28 +2431,27 @@ static void step_k10_program(const float* cache_k, const float* cache_v, const f
   float* const greater_l = visible + BM*BN;
   float* const selected = greater_l + BM;
   const float scale = 0.125f;
-  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // decode_partial.tsr:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   const float* const q_tile = q + (pid_b0) * (128*T) + (BM*pid_m) * 64;
-  // kvattend_9a32379923cc07e3:17: limit = tile.load(seen, rows=T.m)
+  // decode_partial.tsr:17: limit = tile.load(seen, rows=T.m)
   tsr::load_tile(limit, BM, 1, t11 + (pid_b0) * (2*T), 1, BM*pid_m, 0, 2*T, 1);
-  // kvattend_9a32379923cc07e3:18: acc = tile.zeros((T.m, T.d), f32)
+  // decode_partial.tsr:18: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, BM*BD, 0.0f);
-  // kvattend_9a32379923cc07e3:19: m = tile.full((T.m,), -INF)
+  // decode_partial.tsr:19: m = tile.full((T.m,), -INF)
   std::fill_n(m, BM, -tsr::infinity());
-  // kvattend_9a32379923cc07e3:20: l = tile.zeros((T.m,), f32)
+  // decode_partial.tsr:20: l = tile.zeros((T.m,), f32)
   std::fill_n(l, BM, 0.0f);
-  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // decode_partial.tsr:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, BN); ++nblk) {
-    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // decode_partial.tsr:22: k_tile = tile.load(k, nblk, cols=T.d)
     const float* const k_tile = cache_k + (pid_b0) * (64*S) + (BN*nblk) * 64;
-    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // decode_partial.tsr:23: v_tile = tile.load(v, nblk, cols=T.d)
     const float* const v_tile = cache_v + (pid_b0) * (64*S) + (BN*nblk) * 64;
-    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // decode_partial.tsr:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     tsr::transpose(k_tile_t, k_tile, BN, 64, tsr::live(BN, S - BN*nblk), BD);
     tsr::dot(dot, q_tile, k_tile_t, BM, BN, tsr::live(BM, 2*T - BM*pid_m),
         tsr::live(BN, S - BN*nblk), BD, 64, BN);
-    // kvattend_9a32379923cc07e3:25: visible = tile.where(tile.col_index(nblk)[None, :] < limit,
-    //   s, -INF)
+    // decode_partial.tsr:25: visible = tile.where(tile.col_index(nblk)[None, :] < limit, s, -INF)
     for (tsr::i64 i = 0; i < BN; ++i) iota[i] = static_cast<float>(BN*nblk + i);
     for (tsr::i64 i = 0; i < BM; ++i) {
       const float row_0 = limit[i];
@@ -2462,14 +2461,13 @@ static void step_k10_program(const float* cache_k, const float* cache_v, const f
             -tsr::infinity());
       }
     }
-    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
-    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
-    //   m_c, l_c)
+    // decode_partial.tsr:26: p, m_c, l_c = tile.softmax_online(visible)
+    // decode_partial.tsr:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
     tsr::attend(acc, m, l, acc, m, l, visible, v_tile, 64, BM, BN, BD,
         tsr::live(BM, 2*T - BM*pid_m), tsr::live(BN, S - BN*nblk), BD, visible,
         [&](tsr::i64) { return S - (BN*nblk); }, [](float x) { return x; });
   }
-  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
+  // decode_partial.tsr:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
     greater_l[j] = l[j] > 0.0f;
@@ -3180,28 +3178,27 @@ static void step_windowed_k10_program(const float* cache_k, const float* cache_v
   float* const greater_l = visible + BM*BN;
   float* const selected = greater_l + BM;
   const float scale = 0.125f;
-  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // decode_partial.tsr:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   const float* const q_tile = q + (pid_b0) * (128*T) + (BM*pid_m) * 64;
-  // kvattend_9a32379923cc07e3:17: limit = tile.load(seen, rows=T.m)
+  // decode_partial.tsr:17: limit = tile.load(seen, rows=T.m)
   tsr::load_tile(limit, BM, 1, t11 + (pid_b0) * (2*T), 1, BM*pid_m, 0, 2*T, 1);
-  // kvattend_9a32379923cc07e3:18: acc = tile.zeros((T.m, T.d), f32)
+  // decode_partial.tsr:18: acc = tile.zeros((T.m, T.d), f32)
   std::fill_n(acc, BM*BD, 0.0f);
-  // kvattend_9a32379923cc07e3:19: m = tile.full((T.m,), -INF)
+  // decode_partial.tsr:19: m = tile.full((T.m,), -INF)
   std::fill_n(m, BM, -tsr::infinity());
-  // kvattend_9a32379923cc07e3:20: l = tile.zeros((T.m,), f32)
+  // decode_partial.tsr:20: l = tile.zeros((T.m,), f32)
   std::fill_n(l, BM, 0.0f);
-  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // decode_partial.tsr:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   for (tsr::i64 nblk = 0; nblk < tsr::ceil_div(S, BN); ++nblk) {
-    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // decode_partial.tsr:22: k_tile = tile.load(k, nblk, cols=T.d)
     const float* const k_tile = cache_k + (pid_b0) * (64*S) + (BN*nblk) * 64;
-    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // decode_partial.tsr:23: v_tile = tile.load(v, nblk, cols=T.d)
     const float* const v_tile = cache_v + (pid_b0) * (64*S) + (BN*nblk) * 64;
-    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // decode_partial.tsr:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     tsr::transpose(k_tile_t, k_tile, BN, 64, tsr::live(BN, S - BN*nblk), BD);
     tsr::dot(dot, q_tile, k_tile_t, BM, BN, tsr::live(BM, 2*T - BM*pid_m),
         tsr::live(BN, S - BN*nblk), BD, 64, BN);
-    // kvattend_9a32379923cc07e3:25: visible = tile.where(tile.col_index(nblk)[None, :] < limit,
-    //   s, -INF)
+    // decode_partial.tsr:25: visible = tile.where(tile.col_index(nblk)[None, :] < limit, s, -INF)
     for (tsr::i64 i = 0; i < BN; ++i) iota[i] = static_cast<float>(BN*nblk + i);
     for (tsr::i64 i = 0; i < BM; ++i) {
       const float row_0 = limit[i];
@@ -3211,14 +3208,13 @@ static void step_windowed_k10_program(const float* cache_k, const float* cache_v
             -tsr::infinity());
       }
     }
-    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
-    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
-    //   m_c, l_c)
+    // decode_partial.tsr:26: p, m_c, l_c = tile.softmax_online(visible)
+    // decode_partial.tsr:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
     tsr::attend(acc, m, l, acc, m, l, visible, v_tile, 64, BM, BN, BD,
         tsr::live(BM, 2*T - BM*pid_m), tsr::live(BN, S - BN*nblk), BD, visible,
         [&](tsr::i64) { return S - (BN*nblk); }, [](float x) { return x; });
   }
-  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
+  // decode_partial.tsr:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   #pragma omp simd
   for (tsr::i64 j = 0; j < BM; ++j) {
     greater_l[j] = l[j] > 0.0f;

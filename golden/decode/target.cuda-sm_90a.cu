@@ -4154,7 +4154,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
-  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // decode_partial.tsr:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -4170,7 +4170,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
       }
     }
   }
-  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // decode_partial.tsr:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -4188,7 +4188,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
-    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // decode_partial.tsr:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -4204,7 +4204,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
         }
       }
     }
-    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // decode_partial.tsr:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -4221,7 +4221,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
       }
     }
     __syncthreads();
-    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // decode_partial.tsr:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; ++kk) {
@@ -4234,7 +4234,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
     }
-    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
+    // decode_partial.tsr:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -4296,8 +4296,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
       l_c[r] = part;
     }
     __syncthreads();
-    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
-    //   m_c, l_c)
+    // decode_partial.tsr:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
     float alpha[RM], beta[RM];
     #pragma unroll
     for (int r = 0; r < RM; ++r) {
@@ -4334,7 +4333,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
       }
     }
   }
-  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
+  // decode_partial.tsr:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
@@ -6068,7 +6067,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
-  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // decode_partial.tsr:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -6084,7 +6083,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
       }
     }
   }
-  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // decode_partial.tsr:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -6102,7 +6101,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
-    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // decode_partial.tsr:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -6118,7 +6117,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
         }
       }
     }
-    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // decode_partial.tsr:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -6135,7 +6134,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
       }
     }
     __syncthreads();
-    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // decode_partial.tsr:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; ++kk) {
@@ -6148,7 +6147,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
         for (int c = 0; c < 8; ++c) dot[r * 8 + c] = fmaf(a_k[r], b_k[c], dot[r * 8 + c]);
       }
     }
-    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
+    // decode_partial.tsr:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -6210,8 +6209,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
       l_c[r] = part;
     }
     __syncthreads();
-    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
-    //   m_c, l_c)
+    // decode_partial.tsr:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
     float alpha[RM], beta[RM];
     #pragma unroll
     for (int r = 0; r < RM; ++r) {
@@ -6248,7 +6246,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
       }
     }
   }
-  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
+  // decode_partial.tsr:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {

@@ -3148,7 +3148,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
-  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // decode_partial.tsr:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -3164,7 +3164,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       }
     }
   }
-  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // decode_partial.tsr:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   #pragma unroll
   for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
@@ -3188,7 +3188,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
-    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // decode_partial.tsr:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -3204,7 +3204,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
         }
       }
     }
-    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // decode_partial.tsr:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -3221,7 +3221,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       }
     }
     __syncthreads();
-    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // decode_partial.tsr:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; kk += MMA_K) {
@@ -3236,7 +3236,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
       for (int reg = 0; reg < TSR_MMA_REGS; ++reg) dot[reg] = frag_acc[reg];
     }
-    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
+    // decode_partial.tsr:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -3296,8 +3296,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 8);
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 16);
     }
-    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
-    //   m_c, l_c)
+    // decode_partial.tsr:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
     float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
     #pragma unroll
     for (int r = 0; r < TSR_LANE_ROWS; ++r) {
@@ -3340,7 +3339,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       }
     }
   }
-  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
+  // decode_partial.tsr:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   #pragma unroll
   for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll
@@ -4635,7 +4634,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const float scale = 0.125f;
-  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // decode_partial.tsr:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -4651,7 +4650,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       }
     }
   }
-  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // decode_partial.tsr:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   #pragma unroll
   for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
@@ -4675,7 +4674,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     __syncthreads();
-    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // decode_partial.tsr:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -4691,7 +4690,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
         }
       }
     }
-    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // decode_partial.tsr:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -4708,7 +4707,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       }
     }
     __syncthreads();
-    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // decode_partial.tsr:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; kk += MMA_K) {
@@ -4723,7 +4722,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       frag_acc = __builtin_amdgcn_mfma_f32_32x32x2f32(a_frag, b_frag, frag_acc, 0, 0, 0);
       for (int reg = 0; reg < TSR_MMA_REGS; ++reg) dot[reg] = frag_acc[reg];
     }
-    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
+    // decode_partial.tsr:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -4783,8 +4782,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 8);
       l_c[r] = l_c[r] + __shfl_xor(l_c[r], 16);
     }
-    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
-    //   m_c, l_c)
+    // decode_partial.tsr:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
     float alpha[TSR_LANE_ROWS], beta[TSR_LANE_ROWS];
     #pragma unroll
     for (int r = 0; r < TSR_LANE_ROWS; ++r) {
@@ -4827,7 +4825,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       }
     }
   }
-  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
+  // decode_partial.tsr:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   #pragma unroll
   for (int frag = 0; frag < BD / TSR_MMA_N; ++frag) {
     #pragma unroll

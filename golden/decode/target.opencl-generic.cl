@@ -2215,7 +2215,7 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const float scale = 0.125f;
-  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // decode_partial.tsr:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -2230,7 +2230,7 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
       }
     }
   }
-  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // decode_partial.tsr:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -2248,7 +2248,7 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
   }
   for (long nblk = 0; nblk * BN < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
-    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // decode_partial.tsr:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -2263,7 +2263,7 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
         }
       }
     }
-    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // decode_partial.tsr:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -2279,7 +2279,7 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // decode_partial.tsr:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; ++kk) {
@@ -2292,7 +2292,7 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
-    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
+    // decode_partial.tsr:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -2354,8 +2354,7 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
       l_c[r] = part;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
-    //   m_c, l_c)
+    // decode_partial.tsr:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
     float alpha[RM], beta[RM];
     for (int r = 0; r < RM; ++r) {
       const float m_new = fmax(m[r], m_c[r]);
@@ -2391,7 +2390,7 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
       }
     }
   }
-  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
+  // decode_partial.tsr:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
@@ -3281,7 +3280,7 @@ void step_windowed_k10(__global const float* restrict cache_k,
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const float scale = 0.125f;
-  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // decode_partial.tsr:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -3296,7 +3295,7 @@ void step_windowed_k10(__global const float* restrict cache_k,
       }
     }
   }
-  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // decode_partial.tsr:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -3314,7 +3313,7 @@ void step_windowed_k10(__global const float* restrict cache_k,
   }
   for (long nblk = 0; nblk * BN < S; ++nblk) {
     barrier(CLK_LOCAL_MEM_FENCE);
-    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // decode_partial.tsr:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -3329,7 +3328,7 @@ void step_windowed_k10(__global const float* restrict cache_k,
         }
       }
     }
-    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // decode_partial.tsr:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -3345,7 +3344,7 @@ void step_windowed_k10(__global const float* restrict cache_k,
       }
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // decode_partial.tsr:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; ++kk) {
@@ -3358,7 +3357,7 @@ void step_windowed_k10(__global const float* restrict cache_k,
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
-    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
+    // decode_partial.tsr:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -3420,8 +3419,7 @@ void step_windowed_k10(__global const float* restrict cache_k,
       l_c[r] = part;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
-    //   m_c, l_c)
+    // decode_partial.tsr:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
     float alpha[RM], beta[RM];
     for (int r = 0; r < RM; ++r) {
       const float m_new = fmax(m[r], m_c[r]);
@@ -3457,7 +3455,7 @@ void step_windowed_k10(__global const float* restrict cache_k,
       }
     }
   }
-  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
+  // decode_partial.tsr:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {

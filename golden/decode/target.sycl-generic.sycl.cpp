@@ -2914,7 +2914,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float scale = 0.125f;
-  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // decode_partial.tsr:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -2929,7 +2929,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
       }
     }
   }
-  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // decode_partial.tsr:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -2947,7 +2947,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     sycl::group_barrier(it.get_group());
-    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // decode_partial.tsr:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -2962,7 +2962,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
         }
       }
     }
-    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // decode_partial.tsr:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -2978,7 +2978,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
       }
     }
     sycl::group_barrier(it.get_group());
-    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // decode_partial.tsr:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; ++kk) {
@@ -2991,7 +2991,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
-    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
+    // decode_partial.tsr:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -3054,8 +3054,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
       l_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
-    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
-    //   m_c, l_c)
+    // decode_partial.tsr:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
     float alpha[RM], beta[RM];
     for (int r = 0; r < RM; ++r) {
       const float m_new = sycl::fmax(m[r], m_c[r]);
@@ -3091,7 +3090,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
       }
     }
   }
-  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
+  // decode_partial.tsr:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {
@@ -4279,7 +4278,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const float scale = 0.125f;
-  // kvattend_9a32379923cc07e3:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
+  // decode_partial.tsr:16: q_tile = tile.load(q, rows=T.m, cols=T.d)
   for (int e = lid; e < BM*BD / 4; e += THREADS) {
     const int i = e / (BD / 4);
     const int j = e % (BD / 4) * 4;
@@ -4294,7 +4293,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
       }
     }
   }
-  // kvattend_9a32379923cc07e3:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
+  // decode_partial.tsr:21: for nblk in tile.range_n(k.shape, T.n, prefetch=2):
   float acc[BM*BD / THREADS];
   for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -4312,7 +4311,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
   }
   for (long long nblk = 0; nblk * BN < S; ++nblk) {
     sycl::group_barrier(it.get_group());
-    // kvattend_9a32379923cc07e3:22: k_tile = tile.load(k, nblk, cols=T.d)
+    // decode_partial.tsr:22: k_tile = tile.load(k, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -4327,7 +4326,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
         }
       }
     }
-    // kvattend_9a32379923cc07e3:23: v_tile = tile.load(v, nblk, cols=T.d)
+    // decode_partial.tsr:23: v_tile = tile.load(v, nblk, cols=T.d)
     for (int e = lid; e < BN*BD / 4; e += THREADS) {
       const int i = e / (BD / 4);
       const int j = e % (BD / 4) * 4;
@@ -4343,7 +4342,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
       }
     }
     sycl::group_barrier(it.get_group());
-    // kvattend_9a32379923cc07e3:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
+    // decode_partial.tsr:24: s = tile.dot(q_tile, tile.transpose(k_tile)) * scale
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
     for (int kk = 0; kk < BD; ++kk) {
@@ -4356,7 +4355,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
         for (int c = 0; c < 2; ++c) dot[r * 2 + c] = sycl::fma(a_k[r], b_k[c], dot[r * 2 + c]);
       }
     }
-    // kvattend_9a32379923cc07e3:26: p, m_c, l_c = tile.softmax_online(visible)
+    // decode_partial.tsr:26: p, m_c, l_c = tile.softmax_online(visible)
     float p[BM*BN / THREADS];
     if (BN*nblk + BN <= S) {
       // every mask is a no-op on this block
@@ -4419,8 +4418,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
       l_c[r] = part;
     }
     sycl::group_barrier(it.get_group());
-    // kvattend_9a32379923cc07e3:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile,
-    //   m_c, l_c)
+    // decode_partial.tsr:27: acc, m, l = tile.softmax_accumulate(acc, m, l, p, v_tile, m_c, l_c)
     float alpha[RM], beta[RM];
     for (int r = 0; r < RM; ++r) {
       const float m_new = sycl::fmax(m[r], m_c[r]);
@@ -4456,7 +4454,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
       }
     }
   }
-  // kvattend_9a32379923cc07e3:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
+  // decode_partial.tsr:28: return tile.where((l > 0.0)[:, None], acc / l[:, None], 0.0)
   for (int r = 0; r < RM; ++r) {
     const int i = ty + r * TY;
     for (int c = 0; c < 4; ++c) {

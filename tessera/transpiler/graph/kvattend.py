@@ -10,7 +10,7 @@ the device and in the function's launches:
    clipped to the rolling window).
 2. ``kvcache.k`` and ``kvcache.v`` are the cache's ``K`` and ``V`` read where they lie,
    as ``[B*H*P, S_max/P, D]``: each program's split of one (batch row, key head).
-3. A graph function of the library, instantiated for the call (``library_source``),
+3. A graph function of the library, instantiated for the call (``attend_source``),
    stacks the ``G`` query heads of a key head into rows (``[B, H, G*n, D]``, as ``q``
    lies), copies them for each split, calls the standard library's ``decode_attention``
    tile kernel (split-K, one online softmax per split) and weighs the splits' partial
@@ -177,22 +177,29 @@ def splits_of(heads: Dim, batch: Dim, s_max: Dim) -> int:
 
 def library_module(call: AttendCall) -> ast.Module:
     """The parsed library source of one call: the standard library's ``decode_partial``
-    and ``decode_lse`` kernels for the cache's dtype, and ``attend(q, k, v, seen, keys)``
-    (``keys``: ``k`` again, for ``decode_lse``: each view of the cache is read by one
-    kernel), which stacks ``q``'s grouped heads, runs the kernels over the splits and
-    combines them."""
-    text = library_source(call)
-    return parse_library_file(f"kvattend_{hashlib.sha256(text.encode()).hexdigest()[:16]}", text)
-
-
-def library_source(call: AttendCall) -> str:
-    """The ``.tsr`` text of ``library_module``, with the call's dims and numbers."""
+    and ``decode_lse`` kernels for the cache's dtype, each parsed under its own file's
+    name (so that the code cites ``decode_partial.tsr:LINE``), and ``attend(q, k, v,
+    seen, keys)`` (``keys``: ``k`` again, for ``decode_lse``: each view of the cache is
+    read by one kernel), which stacks ``q``'s grouped heads, runs the kernels over the
+    splits and combines them."""
     dtype = str(call.cache.dtype)
     stdlib = resources.files("tessera.stdlib")
-    text = "\n\n".join(
-        stdlib.joinpath(f"{name}.tsr").read_text("utf-8").replace("bf16", dtype)
+    modules = [
+        parse_library_file(
+            f"{name}.tsr", stdlib.joinpath(f"{name}.tsr").read_text("utf-8").replace("bf16", dtype)
+        )
         for name in ("decode_partial", "decode_lse")
+    ]
+    text = attend_source(call)
+    modules.append(
+        parse_library_file(f"kvattend_{hashlib.sha256(text.encode()).hexdigest()[:16]}", text)
     )
+    return ast.Module(tuple(s for m in modules for s in m.body), span=modules[-1].span)
+
+
+def attend_source(call: AttendCall) -> str:
+    """The ``.tsr`` text of ``attend``, with the call's dims and numbers."""
+    dtype = str(call.cache.dtype)
     b, h, d = (_dim(x) for x in (call.batch, call.heads, call.dim))
     n, q_heads, big_n, c, r = (
         _dim(x) for x in (call.rows, call.q.dims[1], call.programs, call.chunk, call.stacked)
@@ -215,7 +222,6 @@ def library_source(call: AttendCall) -> str:
     lines.append(f"return cast(attended.reshape({b}, {q_heads}, {n}, {d}), {dtype})")
     body = "".join(f"    {line}\n" for line in lines)
     return (
-        f"{text}\n\n"
         "@kernel\n"
         f"def attend(q: Tensor[{b}, {q_heads}, {n}, {d}, {dtype}], "
         f"k: Tensor[{big_n}, {c}, {d}, {dtype}], v: Tensor[{big_n}, {c}, {d}, {dtype}], "
