@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from .arguments import bound_arguments
+
 __all__ = [
     "KVCache", "CacheSignature", "decode_attention", "decode_block", "decode_library",
     "decode_source",
@@ -221,15 +223,7 @@ class CacheSignature:
         """Check each cache argument, run the function on its arrays (``flat``: the names
         ``run`` takes by position), and put the cache back among the results where the
         function returns it."""
-        positional = [p["name"] for p in self.inputs if not p.get("keyword_only")]
-        if len(args) > len(positional):
-            raise TypeError(f"{self.name}() takes {len(positional)} positional arguments, "
-                            f"{len(args)} given")  # fmt: skip
-        values = dict(zip(positional, args, strict=False))
-        for key, value in kwargs.items():
-            if key in values:
-                raise TypeError(f"{self.name}() got '{key}' twice")
-            values[key] = value
+        values = bound_arguments(self.name, self.inputs, args, kwargs)
         given = {}
         for name, spec in self.caches.items():
             if name not in values:

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .arguments import bound_arguments
+
 __all__ = ["OptimizerState", "StateSignature"]
 
 
@@ -147,15 +149,7 @@ class StateSignature:
         names ``run`` takes by position), and return each state result as the state
         argument of its parameter, which the call donates: the same object, its arrays
         overwritten with the new state."""
-        positional = [p["name"] for p in self.inputs if not p.get("keyword_only")]
-        if len(args) > len(positional):
-            raise TypeError(f"{self.name}() takes {len(positional)} positional arguments, "
-                            f"{len(args)} given")  # fmt: skip
-        values = dict(zip(positional, args, strict=False))
-        for key, value in kwargs.items():
-            if key in values:
-                raise TypeError(f"{self.name}() got '{key}' twice")
-            values[key] = value
+        values = bound_arguments(self.name, self.inputs, args, kwargs)
         given: dict[str, OptimizerState] = {}
         for spec in self.params:
             name = spec["name"]
