@@ -878,10 +878,6 @@ class Evaluator:
         A symbolic count must come out whole: a guard checks it at the call."""
         if step == 1:
             return self._sliced(x, {axis: (start, stop, span)}, span)
-        if x.type.rank == 1:  # a vector as one row, as _sliced takes it
-            row = self._reshaped(x, (Dim.const(1), x.type.dims[0]), span)
-            taken = self._stepped(row, 1, step, start, stop, span)
-            return self._reshaped(taken, (taken.type.dims[1],), span)
         dims = x.type.dims
         length = stop - start
         offset = sum((c for m, c in length.terms if not m), Fraction(0))
