@@ -11,8 +11,6 @@ differentiable ones are in ``test_autodiff.py`` (cases ``shapes``, ``joins`` and
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,11 +23,11 @@ import tessera
 from tessera.transpiler.target.nvrtc import build
 from tessera.transpiler.tile.interpret import run_function
 
+from .builds import assert_cpu_builds_warning_free, assert_gpu_builds_warning_free
 from .everywhere import built_everywhere
 from .test_autodiff import assert_one_error
-from .test_cpu import COMPILERS, STRICT
-from .test_cuda import NVCC, _nvcc, needs_nvrtc
-from .test_hip import HIPCC, _hipcc_warning_free
+from .test_cpu import COMPILERS
+from .test_cuda import needs_nvrtc
 from .test_sycl import check_syntax, needs_sycl_headers
 
 torch = pytest.importorskip("torch")
@@ -450,12 +448,7 @@ def test_bad_input_is_an_error_at_its_line(case: str) -> None:
 def test_cpu_code_compiles_warning_free(compiler: str, tmp_path: Path) -> None:
     """g++ and clang++ with -Wall -Wextra -Werror: a kernel that reads no input
     (``arange``'s, the fills') included."""
-    if shutil.which(compiler) is None:
-        pytest.skip(f"needs {compiler}")
-    (tmp_path / "k.cpp").write_text(tessera.compile(SOURCE, "ops.tsr", target="cpu").source)
-    done = subprocess.run([compiler, *STRICT, *COMPILERS[compiler], "k.cpp"],
-                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 0 and not done.stderr, done.stderr
+    assert_cpu_builds_warning_free(SOURCE, "ops.tsr", compiler, tmp_path)
 
 
 @pytest.mark.compile
@@ -469,14 +462,7 @@ def test_cpu_code_compiles_warning_free(compiler: str, tmp_path: Path) -> None:
 )
 def test_gpu_code_compiles_warning_free(target: str, arch: str, tmp_path: Path) -> None:
     """nvcc and hipcc, every warning an error."""
-    if target == "cuda":
-        if NVCC is None:
-            pytest.skip("needs nvcc (the CUDA toolkit)")
-        _nvcc("ops.tsr", arch, tmp_path, SOURCE)
-    else:
-        if HIPCC is None:
-            pytest.skip("needs hipcc (apt-get install hipcc)")
-        _hipcc_warning_free(tessera.compile(SOURCE, "ops.tsr", target="hip").source, tmp_path)
+    assert_gpu_builds_warning_free(SOURCE, "ops.tsr", target, arch, tmp_path)
 
 
 @pytest.mark.compile

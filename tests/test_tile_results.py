@@ -5,8 +5,6 @@ or whose tiles the same programs could not store."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +14,10 @@ import pytest
 
 import tessera
 
+from .builds import assert_cpu_builds_warning_free, assert_gpu_builds_warning_free
 from .everywhere import EVERY_TARGET, load_everywhere
 from .reference import f64
-from .test_cpu import COMPILERS, STRICT
-from .test_cuda import NVCC, _nvcc
-from .test_hip import HIPCC, _hipcc_warning_free
+from .test_cpu import COMPILERS
 from .test_sycl import check_syntax, needs_sycl_headers
 
 BF16 = ml_dtypes.bfloat16
@@ -191,12 +188,7 @@ def test_a_return_that_does_not_fit_is_an_error_at_its_line(
 @pytest.mark.compile
 @pytest.mark.parametrize("compiler", COMPILERS)
 def test_cpu_code_compiles_warning_free(compiler: str, tmp_path: Path) -> None:
-    if shutil.which(compiler) is None:
-        pytest.skip(f"needs {compiler}")
-    (tmp_path / "k.cpp").write_text(tessera.compile(SOURCE, "pairs.tsr", target="cpu").source)
-    done = subprocess.run([compiler, *STRICT, *COMPILERS[compiler], "k.cpp"],
-                          capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 0 and not done.stderr, done.stderr
+    assert_cpu_builds_warning_free(SOURCE, "pairs.tsr", compiler, tmp_path)
 
 
 @pytest.mark.compile
@@ -204,14 +196,7 @@ def test_cpu_code_compiles_warning_free(compiler: str, tmp_path: Path) -> None:
                                               ("hip", "gfx90a")])  # fmt: skip
 def test_gpu_code_compiles_warning_free(target: str, arch: str, tmp_path: Path) -> None:
     """nvcc and hipcc, every warning an error."""
-    if target == "cuda":
-        if NVCC is None:
-            pytest.skip("needs nvcc (the CUDA toolkit)")
-        _nvcc("pairs.tsr", arch, tmp_path, SOURCE)
-    else:
-        if HIPCC is None:
-            pytest.skip("needs hipcc (apt-get install hipcc)")
-        _hipcc_warning_free(tessera.compile(SOURCE, "pairs.tsr", target="hip").source, tmp_path)
+    assert_gpu_builds_warning_free(SOURCE, "pairs.tsr", target, arch, tmp_path)
 
 
 @pytest.mark.compile
