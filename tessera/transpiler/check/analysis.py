@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ..options import Options
@@ -17,12 +18,15 @@ def kernel_analysis(module: TileModule, options: Options) -> list[dict[str, Any]
     """Per kernel: its estimated registers per thread (GPUs) and its roofline hint."""
     hw = hardware_for(module.target, module.arch)
     defines = dict(options.defines)
-    found = []
+    found: dict[str, dict[str, Any]] = {}
     for program in module.programs:
         for kernel in program.kernels:
+            if kernel.twin in found:  # the same content: the same estimates
+                found[kernel.name] = copy.deepcopy(found[kernel.twin]) | {"kernel": kernel.name}
+                continue
             entry: dict[str, Any] = {"kernel": kernel.name}
             if hw.kind == "gpu":
                 entry["registers_estimate"] = estimate_registers(kernel, hw)
             entry["roofline"] = roofline(kernel, module.arch, defines)
-            found.append(entry)
-    return found
+            found[kernel.name] = entry
+    return list(found.values())

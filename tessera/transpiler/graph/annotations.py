@@ -390,8 +390,12 @@ def _arg_text(arg: ast.Expr) -> str:
 
 
 def type_expr(t: TensorType) -> ast.TypeExpr:
-    """The annotation that spells ``t``, parsed as a user would have written it."""
-    return _annotation(_spelled(t))
+    """The annotation that spells ``t``, as a user would have written it."""
+    if str(t.policies):
+        return _annotation(_spelled(t))
+    span = _span(_spelled(t))
+    dims = tuple(ast.StrLit(str(d), span=span) for d in t.dims)
+    return ast.TypeExpr("Tensor", (*dims, ast.TypeExpr(t.dtype.name, None, span=span)), span=span)
 
 
 def result_expr(results: tuple[TensorType, ...]) -> ast.TypeExpr:
@@ -399,7 +403,15 @@ def result_expr(results: tuple[TensorType, ...]) -> ast.TypeExpr:
     ``tuple[...]`` of several (a library kernel of two results, ``attention_dkdv``)."""
     if len(results) == 1:
         return type_expr(results[0])
-    return _annotation("tuple[" + ", ".join(_spelled(t) for t in results) + "]")
+    spelling = "tuple[" + ", ".join(_spelled(t) for t in results) + "]"
+    return ast.TypeExpr("tuple", tuple(map(type_expr, results)), span=_span(spelling))
+
+
+def _span(spelling: str) -> Span:
+    """A span over the whole of ``spelling``, the text of an annotation the compiler
+    writes. A type without policies is built, not parsed: the parser took about a
+    millisecond for each, and a file instantiates tens of library kernels."""
+    return Span(SourceFile("<type>", spelling), 1, 1, 1, len(spelling) + 1)
 
 
 def _spelled(t: TensorType) -> str:

@@ -44,7 +44,8 @@ def with_named_indices(lines: list[str], tiles: frozenset[str], index_type: str)
     if not tiles:
         return list(lines)
     lines = list(lines)
-    taken = {name for name in _NAMES.values() if _taken(lines, name)}
+    text = "\n".join(lines)
+    taken = {name for name in _NAMES.values() if re.search(rf"\b{name}\b", text)}
     offset = rf"(?:{'|'.join(sorted(tiles))})\*\w+"
     k = 0
     while k < len(lines):
@@ -95,10 +96,6 @@ def _unrolled(lines: list[str], k: int) -> bool:
     if k < 0 or not _LOOP.match(lines[k]):
         return False
     return bool(_CONSTANT_TRIPS.match(lines[k])) or (k > 0 and bool(_UNROLL.match(lines[k - 1])))
-
-
-def _taken(lines: list[str], name: str) -> bool:
-    return any(re.search(rf"\b{name}\b", line) for line in lines)
 
 
 def _declares(line: str, index: str) -> bool:

@@ -12,6 +12,7 @@ inlined, so it builds alone. Everything that differs between the targets is the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ...frozen import frozen
@@ -252,12 +253,20 @@ def emit_simt(
     # its kernels; a static one is each kernel's own.
     every = [k for p in module.programs for k in p.kernels]
     file_align = arena_alignment(every)
+    # A kernel whose content an earlier one has (its twin: a function's launches lowered
+    # again in a function that calls it) is emitted once: its code is the other's. Not
+    # in a debug build, where each access of each kernel has its own site.
+    emitted: dict[str, SimtKernel] = {}
     for program in module.programs:
         for kernel in program.kernels:
             try:
                 dims = kernel_sizes(kernel)
                 align = file_align if d.dynamic_arena else arena_alignment([kernel])
-                simt = emit_simt_kernel(kernel, d, dims, lanes, align, sites)
+                if kernel.twin in emitted and sites is None:
+                    simt = replace(emitted[kernel.twin], name=kernel.name)
+                else:
+                    simt = emit_simt_kernel(kernel, d, dims, lanes, align, sites)
+                emitted[kernel.name] = simt
                 clash = hosts and kernel.name == program.host.function
                 wanted = f"{kernel.name}_{kernel.launch}" if clash else kernel.name
                 views[kernel.name] = _KernelView(

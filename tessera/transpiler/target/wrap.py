@@ -15,6 +15,7 @@ lines, are left as they are: a break there could change what they mean.
 from __future__ import annotations
 
 import re
+import string
 
 __all__ = ["wrap_lines", "COLUMNS"]
 
@@ -23,13 +24,17 @@ COLUMNS = 100
 #: Operators a line may break before (with a space on either side in generated code).
 _OPERATORS = re.compile(r" (?:\+|-|\*|/|%|&&|\|\||\?|:|<<|>>|<=|>=|==|!=|<|>|=) ")
 _OPEN, _CLOSE = "([{", ")]}"
+#: The characters that open or close a bracket or may be a place to break.
+_MARKS = re.compile(r"[()\[\]{} ]")
 #: The fewest characters a piece of a broken line holds, where a deeper break gives more.
 _SHORTEST = 24
 #: How loosely each operator binds (lower breaks first); the rest rank 7.
 _RANK = {"?": 2, ":": 2, "||": 3, "&&": 4, "==": 5, "!=": 5, "<": 5, ">": 5, "<=": 5, ">=": 5,
          "+": 6, "-": 6}  # fmt: skip
-#: A compiler attribute's name just before its parentheses, which hold no break.
-_ATTRIBUTE = re.compile(r"\b__\w+__$")
+#: A compiler attribute's name, just before its parentheses, which hold no break.
+_ATTRIBUTE = re.compile(r"__\w+__")
+#: The characters of a C identifier.
+_WORD = string.ascii_letters + string.digits + "_"
 #: A statement that starts with a loop's or a condition's head.
 _CONTROL = re.compile(r"\s*(?:for|if|while) \(")
 #: What may not end a comment line: a backslash or its trigraph splices the next line.
@@ -39,8 +44,14 @@ _SPLICE = ("\\", "??/")
 def wrap_lines(source: str) -> str:
     """``source`` with every line of 100 columns or more broken, where it can be."""
     out: list[str] = []
+    wrapped: dict[str, list[str]] = {}  # a file repeats its long lines (twin kernels)
     for line in source.split("\n"):
-        out += _wrap(line) if len(line) >= COLUMNS else [line]
+        if len(line) < COLUMNS:
+            out.append(line)
+            continue
+        if line not in wrapped:
+            wrapped[line] = _wrap(line)
+        out += wrapped[line]
     return "\n".join(out)
 
 
@@ -84,11 +95,13 @@ def _break_at(line: str, start: int) -> int | None:
     control = _CONTROL.match(line) is not None
     # (parentheses, rank, index) of each place: the fewest parentheses first, then a
     # comma before an assignment before the operators, loosest binding first.
-    for i, ch in enumerate(line):
+    # Nothing past the column is a place to break, nor changes one before it.
+    for mark in _MARKS.finditer(line, 0, COLUMNS - 1):
+        i, ch = mark.start(), mark[0]
         if ch in _OPEN:
-            if ch == "(" and depth == 0 and i < COLUMNS - 1 and line[i + 1 : i + 2] != ")":
+            if ch == "(" and depth == 0 and line[i + 1 : i + 2] != ")":
                 opened = i + 1
-            if attribute is None and _ATTRIBUTE.search(line, 0, i):
+            if attribute is None and _attribute_before(line, i):
                 attribute = depth  # no break inside ``__launch_bounds__(384, 1)``
             depth += 1
         elif ch in _CLOSE:
@@ -114,6 +127,13 @@ def _break_at(line: str, start: int) -> int | None:
         if at - start >= _SHORTEST:
             return at
     return max(i for d, r, i in spots if (d, r) == ranked[0])
+
+
+def _attribute_before(line: str, i: int) -> bool:
+    """Whether the word that ends at ``i`` is a compiler attribute's name (``__x__``)."""
+    before = line[:i]
+    word = before[len(before.rstrip(_WORD)) :]
+    return _ATTRIBUTE.fullmatch(word) is not None
 
 
 def _wrap_comment(line: str, indent: str) -> list[str]:

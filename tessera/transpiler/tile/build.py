@@ -36,6 +36,7 @@ from .ir import TileKernel, TileModule, TileProgram
 from .kvcache import cache_kernel
 from .lower import KernelInput, View, lower_tile_function
 from .passes import SharedMemoryOverflow, run_tile_passes
+from .shape_key import as_twin, find_twins
 
 __all__ = ["tile_module", "ANCHORS", "RUNTIME"]
 
@@ -44,6 +45,8 @@ ANCHORS = frozenset(op for op, kernel in TEMPLATES.items() if kernel in TEMPLATE
 #: Elementwise ops that a kernel computes where it loads an operand (a prologue).
 _CHAIN = ELEMENTWISE_MATH | DRAWN
 _SCALAR_CHAIN = _CHAIN | {"dim_to_float"}
+#: A launch that the runtime carries out, not a kernel: its name, what it is, its line.
+_Runtime = tuple[str, str, Span | None]
 RUNTIME = {
     "host": "host-side work: a scalar computed for an op that is not elementwise (an "
     "elementwise op computes the scalars it reads; pass this one as a parameter)",
@@ -58,10 +61,10 @@ def tile_module(
     """The Tile IR of every launch, after the tile passes (up to ``until``, for tests
     and tools that look at one pass at work)."""
     hw = hardware_for(sched.target, sched.arch)
-    programs = []
+    lowered: list[tuple[Function, HostProgram, list[TileKernel], list[_Runtime]]] = []
     for function, host in zip(graph.functions, sched.programs, strict=True):
         kernels: list[TileKernel] = []
-        runtime: list[tuple[str, str, Span | None]] = []
+        runtime: list[_Runtime] = []
         for launch in host.launches:
             group = function.groups[launch.group]
             if group.kind in RUNTIME:
@@ -76,11 +79,26 @@ def tile_module(
                 )
             kernel = _lower_launch(function, host, group, launch, diags, hw.target != "cpu")
             if kernel is not None:
-                try:
-                    kernels.append(run_tile_passes(kernel, hw, until))
-                except SharedMemoryOverflow as exc:
-                    diags.error(str(exc), exc.span or function.span)
-        programs.append(TileProgram(host, tuple(kernels), tuple(runtime)))
+                kernels.append(kernel)
+        lowered.append((function, host, kernels, runtime))
+    # The passes run once for each content: a kernel whose twin has run them takes its
+    # twin's result, under its own name.
+    twins = find_twins([k for _, _, kernels, _ in lowered for k in kernels])
+    done: dict[str, TileKernel] = {}
+    programs = []
+    for function, host, kernels, runtime in lowered:
+        finished = []
+        for kernel in kernels:
+            twin = twins.get(kernel.name)
+            try:
+                if twin in done:
+                    finished.append(as_twin(done[twin], kernel))
+                else:
+                    finished.append(run_tile_passes(kernel, hw, until))
+                done[kernel.name] = finished[-1]
+            except SharedMemoryOverflow as exc:
+                diags.error(str(exc), exc.span or function.span)
+        programs.append(TileProgram(host, tuple(finished), tuple(runtime)))
     return TileModule(sched.name, sched.target, sched.arch, tuple(programs))
 
 

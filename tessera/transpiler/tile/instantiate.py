@@ -92,6 +92,27 @@ def stdlib_kernel(
     parameters they are. A parameter the op leaves out (a norm's weight or bias) is
     typed as a vector along the first operand's last dim: the analyser checks both
     sides of the kernel's ``with_`` branches, though one never runs."""
+    try:
+        return _typed_kernel(template, operands, results, names)
+    except CompileError as exc:
+        first = exc.diagnostics[0]
+        message = (
+            f"the standard library's {template} kernel does not accept these operands: "
+            f"{first.message}"
+        )
+        note = Note(f"operands: {', '.join(str(t) for t in operands)}")
+        raise CompileError((Diagnostic(Severity.ERROR, message, span, (note,)),)) from None
+
+
+@functools.lru_cache(maxsize=512)
+def _typed_kernel(
+    template: str, operands: tuple[TensorType, ...], results: tuple[TensorType, ...],
+    names: tuple[str, ...],
+) -> Function:  # fmt: skip
+    """``stdlib_kernel``'s analysed function, made once for each typing: a file's
+    functions that call one another instantiate the same kernels for the same types
+    (each is a tenth of a kernel's compile time). The IR is immutable, so the kernels
+    lowered from it may share it."""
     (fn,) = _stdlib_module(template).functions()
     typed = dict(zip(names, operands, strict=True))
     first = operands[0]
@@ -103,18 +124,9 @@ def stdlib_kernel(
     )
     fn = dataclasses.replace(fn, params=params, returns=result_expr(results))
     diags = Diagnostics()
-    try:
-        sizes = frozenset(s for t in (*operands, *results) for d in t.dims for s in d.symbols())
-        module = analyze(ast.Module((fn,), span=fn.span), Options(), diags, sizes)
-        diags.check()
-    except CompileError as exc:
-        first = exc.diagnostics[0]
-        message = (
-            f"the standard library's {template} kernel does not accept these operands: "
-            f"{first.message}"
-        )
-        note = Note(f"operands: {', '.join(str(t) for t in operands)}")
-        raise CompileError((Diagnostic(Severity.ERROR, message, span, (note,)),)) from None
+    sizes = frozenset(s for t in (*operands, *results) for d in t.dims for s in d.symbols())
+    module = analyze(ast.Module((fn,), span=fn.span), Options(), diags, sizes)
+    diags.check()
     return module.functions[0]
 
 

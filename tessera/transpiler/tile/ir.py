@@ -286,6 +286,10 @@ class TileKernel:
     #: value, which another size may share.
     strides: tuple[tuple[str, str], ...] = ()
     span: Span | None = field(default=None, compare=False, repr=False)
+    #: The name of an earlier kernel of the module whose content is this one's
+    #: (``shape_key.py``): a function's launches lowered again in a function that calls
+    #: it. Its code, estimates and hints are that kernel's, under its own name.
+    twin: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def made_from(self) -> str:
