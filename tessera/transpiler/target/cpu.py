@@ -11,6 +11,7 @@ file uses are inlined (``header.py``), so it builds with no include path.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ...frozen import frozen
@@ -56,9 +57,17 @@ class CpuModule:
 class _KernelView:
     """A kernel's C++ as the template lays it out."""
 
-    def __init__(self, kernel: TileKernel, name: str, sites: Sites | None) -> None:
+    def __init__(
+        self, kernel: TileKernel, name: str, sites: Sites | None, twin: CKernel | None = None
+    ) -> None:
+        """``twin``: the code of the kernel's twin (``TileKernel.twin``), which is this
+        kernel's under its own name."""
         dims = kernel_sizes(kernel)
-        self.c: CKernel = emit_kernel(kernel, dims, name, sites)
+        self.c: CKernel = (
+            emit_kernel(kernel, dims, name, sites)
+            if twin is None
+            else replace(twin, name=name, source=kernel.function)
+        )
         # The names the code reads, outside its source comments: a size named in a quoted
         # line of .tsr ("B" in reshape("B", "T", 256)) is not a use.
         body_names = names_used((*self.c.body, *self.c.storage, self.c.scratch))
@@ -226,8 +235,13 @@ def emit_cpu(
     # A debug build checks each access's bounds and, after each launch, what it wrote
     # for NaN and infinity; ``tessera_fault`` hands the runtime the first failure.
     sites = Sites() if debug else None
-    views = {k.name: _KernelView(k, names.fresh(k.name, suffixes=KERNEL_FUNCTIONS), sites)
-             for p in programs for k in p.kernels}  # fmt: skip
+    # A twin's code is the kernel's it is a twin of, but in a debug build, where each
+    # access of each kernel has its own site.
+    views: dict[str, _KernelView] = {}
+    for kernel in (k for p in programs for k in p.kernels):
+        twin = views[kernel.twin].c if kernel.twin in views and sites is None else None
+        name = names.fresh(kernel.name, suffixes=KERNEL_FUNCTIONS)
+        views[kernel.name] = _KernelView(kernel, name, sites, twin)
     fault = names.fresh("tessera_fault") if debug else None
     by_name = {f.name: f for f in graph.functions} if graph is not None else {}
     sentinels: list[dict[str, str]] | None = [] if debug else None
