@@ -64,6 +64,10 @@ def steps(x: Tensor["N", "D", f32]) -> Tensor["N", 3, f32]:
 def fixed(x: Tensor[5, 7, f32], v: Tensor[11, f32]) -> Tensor[4, f32]:
     return x[1, ::2] + v[1::3] + x[:, 2:7:3].sum(axis=0)[:1] + v[-4:] * v[:4]
 
+def created(x: Tensor["N", "D", f32]) -> Tensor["N", "D", f32]:
+    N, D = x.shape
+    return x * ones(N, D) + zeros(N, D, dtype=f32) + ones((N, D), f32) * 2.0 + ones(D) * 3.0
+
 def swiglu(x: Tensor["N", "D", f32], w: Tensor["D", "F2", f32]) -> Tensor["N", "F2//2", f32]:
     a, b = (x @ w).chunk(2, dim=-1)
     return silu(a) * b
@@ -204,6 +208,7 @@ CASES: dict[str, tuple[str, tuple[tuple[int, ...], ...], Any]] = {
     ),
     "extremes": ("extremes", ((7, 9),), lambda x: x.max(-1) + x.min(-1)),
     "halves_of": ("halves_of", ((14,),), lambda v: v[:7] - v[7:]),
+    "created": ("created", ((7, 9),), lambda x: x + 5),
     "fixed": (
         "fixed",
         ((5, 7), (11,)),
@@ -281,6 +286,13 @@ def test_a_slice_of_a_slice_is_one_view() -> None:
 
 
 BAD = {
+    "an error whose result nested names receive": (
+        "def f(x: Tensor[4, f32]) -> Tensor[4, f32]:\n"
+        "    a, (b, c) = gleu(x)\n"
+        "    return a + b + c\n",
+        2,
+        "unknown name 'gleu'",
+    ),
     "& of floats": (
         "def f(x: Tensor[4, f32]) -> Tensor[4, f32]:\n    return where(x & x, x, x)\n",
         2,

@@ -326,7 +326,8 @@ def _fill(number: float) -> Any:
     rule.__doc__ = (
         f"A tensor of ``shape`` holding {name}, as numpy's and PyTorch's ``{name}``: "
         f'``{name}(("N", 4))``, ``{name}(x.shape)``, ``{name}(N)`` (a size, a number or '
-        'a tuple of them and of dims such as ``"B*S"``); of ``dtype``, f32 by default. '
+        'a tuple of them and of dims such as ``"B*S"``), or PyTorch\'s sizes one argument '
+        f"each, ``{name}(T, T)``; of ``dtype``, f32 by default. "
         "Computed where it is read: no memory is filled unless it is returned."
     )
     return rule

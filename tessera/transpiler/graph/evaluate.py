@@ -138,6 +138,15 @@ _FOLD = {
 }
 
 
+def _sizes_one_by_one(callee: Any, args: tuple[ast.Expr, ...]) -> bool:
+    """Whether a call is PyTorch's ``zeros(T, T)`` or ``ones(2, 3, 4)``: its sizes one
+    argument each, where numpy's second argument is a dtype (``ones((T, T), f32)``)."""
+    if not isinstance(callee, OpRef) or callee.name not in ("zeros", "ones") or len(args) < 2:
+        return False
+    second = args[1]
+    return not (isinstance(second, ast.Name) and (second.id in DTYPES or second.id in ALIASES))
+
+
 class Evaluator:
     """Expressions to values. At the top level (``function`` None) nothing may
     be emitted: top-level values are compile-time only."""
@@ -995,12 +1004,16 @@ class Evaluator:
         one_dim = len(node.args) == 1 and not isinstance(
             node.args[0], (ast.TupleExpr, ast.ListExpr, ast.Name)
         )
-        if method and (
-            (callee.value.name == "reshape" and (len(node.args) > 1 or one_dim))
-            or (callee.value.name == "expand" and len(node.args) > 1)
-        ):
+        if (
+            method
+            and (
+                (callee.value.name == "reshape" and (len(node.args) > 1 or one_dim))
+                or (callee.value.name == "expand" and len(node.args) > 1)
+            )
+        ) or (_sizes_one_by_one(callee.value, node.args) and not method):
             # x.reshape(S, H, D), as in PyTorch, is x.reshape((S, H, D)); x.reshape("N")
-            # is x.reshape(("N",)); x.expand(4, -1) is x.expand((4, -1))
+            # is x.reshape(("N",)); x.expand(4, -1) is x.expand((4, -1)); ones(T, T) is
+            # ones((T, T))
             dims = ast.TupleExpr(tuple(node.args), span=node.args[0].span.to(node.args[-1].span))
             node = dataclasses.replace(node, args=(dims,))
         args = [self.operand(a) for a in node.args]

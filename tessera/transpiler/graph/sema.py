@@ -860,10 +860,9 @@ class _FunctionAnalyzer:
             return
         if isinstance(target, ast.TupleExpr):
             values = ev.value
-            if isinstance(values, Poison):
+            if isinstance(values, Poison):  # every name, nested ones too: no error after
                 for element in target.elts:
-                    if isinstance(element, ast.Name):
-                        self.env[element.id] = POISON
+                    self._assign(element, ev)
                 return
             if isinstance(values, ShapeValue):  # B, S, E = x.shape: one size each
                 values = tuple(DimValue(d) for d in values.dims)
