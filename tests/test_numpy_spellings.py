@@ -286,6 +286,22 @@ def test_a_slice_of_a_slice_is_one_view() -> None:
 
 
 BAD = {
+    "PyTorch's max(dim).values": (
+        "def f(x: Tensor[4, 3, f32]) -> Tensor[4, f32]:\n    return x.max(dim=-1).values\n",
+        2,
+        "write x.max(axis) for the values (as numpy's max: PyTorch's max(dim) gives a pair)",
+    ),
+    "PyTorch's unbiased=": (
+        "def f(x: Tensor[4, 3, f32]) -> Tensor[4, f32]:\n"
+        "    return x.var(dim=-1, unbiased=False)\n",
+        2,
+        "write ddof=1 for unbiased=True (PyTorch's default), ddof=0 for unbiased=False",
+    ),
+    "PyTorch's clamp_min": (
+        "def f(x: Tensor[4, f32]) -> Tensor[4, f32]:\n    return x.clamp_min(0.0)\n",
+        2,
+        "write clamp(x, min=v) or maximum(x, v)",
+    ),
     "an error whose result nested names receive": (
         "def f(x: Tensor[4, f32]) -> Tensor[4, f32]:\n"
         "    a, (b, c) = gleu(x)\n"

@@ -124,6 +124,14 @@ _TORCH_METHODS = {"float": "f32", "half": "f16", "bfloat16": "bf16", "int": "i32
 _METHOD_HINTS = {
     "detach": "x, and differentiate with wrt= to leave a parameter out",
     "repeat": "broadcast_to(x, shape) or concat([x, x], axis)",
+    # x.max(dim=-1).values: Tessera's max, as numpy's, gives the values themselves
+    **dict.fromkeys(
+        ("values", "indices"),
+        "x.max(axis) for the values (as numpy's max: PyTorch's max(dim) gives a pair) "
+        "and argmax(x, axis) for the indices",
+    ),
+    "clamp_min": "clamp(x, min=v) or maximum(x, v)",
+    "clamp_max": "clamp(x, max=v) or minimum(x, v)",
 }
 
 

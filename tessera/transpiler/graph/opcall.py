@@ -43,6 +43,14 @@ _SYNONYMS = {
     "a_max": "max",
     "correction": "ddof",
 }
+#: PyTorch's parameters that Tessera spells otherwise: its own name, and how.
+_SPELLED = {
+    "unbiased": (
+        "ddof",
+        "ddof=1 for unbiased=True (PyTorch's default), ddof=0 for unbiased=False (numpy's "
+        "default, and Tessera's)",
+    ),
+}
 
 
 class SemanticError(Exception):
@@ -309,6 +317,8 @@ def bind(
             hint = did_you_mean(name, known)
             if not hint and _SYNONYMS.get(name) in known:
                 hint = f"; did you mean '{_SYNONYMS[name]}'?"
+            if not hint and name in _SPELLED and _SPELLED[name][0] in known:
+                hint = f"; write {_SPELLED[name][1]}"
             raise SemanticError(
                 f"{shown} has no parameter '{name}'{hint}",
                 key_span,
