@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -177,10 +178,16 @@ def integer_variant(op: Any) -> str:
 _NOT_CODE = re.compile(r'"(?:\\.|[^"\\\n])*"|/\*.*?\*/|//[^\n]*', re.S)
 
 
-def names_used(code: Iterable[str]) -> set[str]:
+def names_used(code: Iterable[str]) -> frozenset[str]:
     """The words of generated lines of C, outside comments and string literals: the
     names they may read, which decide whether a parameter is named or commented out."""
-    return set(re.findall(r"\w+", _NOT_CODE.sub(" ", "\n".join(code))))
+    return _words(tuple(code))
+
+
+@functools.lru_cache(maxsize=256)
+def _words(lines: tuple[str, ...]) -> frozenset[str]:
+    """``names_used`` of ``lines``, kept for the next ask: twin kernels share theirs."""
+    return frozenset(re.findall(r"\w+", _NOT_CODE.sub(" ", "\n".join(lines))))
 
 
 def param_name(name: str, read: bool) -> str:

@@ -219,6 +219,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.constants = tile_constants(
             kernel, frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY | GPU_BUILTINS
         )
+        #: ``c``'s text of each (dim, unit) it has printed.
+        self.printed: dict[tuple[Dim, Dim | None], str] = {}
         # Nor does a value take the name of a function the code may call (``rsqrt``).
         self.namer = Namer(
             frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY | self.constants.names
@@ -391,8 +393,13 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
     def c(self, dim: Dim, unit: Dim | None = None) -> str:
         """``dim`` in C; where it is an offset along an axis of tiles of ``unit`` (a
         tile's name, or a size that one tile has), a whole number of them prints as that
-        (``BK``, ``BK*kb + 2*BK``, ``BD*pid_b0``)."""
-        return c_dim(dim, self.symbols, self.constants.strides, self.tile_unit(unit))
+        (``BK``, ``BK*kb + 2*BK``, ``BD*pid_b0``). Kept by dim: a kernel prints the same
+        offsets and sizes many times."""
+        text = self.printed.get((dim, unit))
+        if text is None:
+            text = c_dim(dim, self.symbols, self.constants.strides, self.tile_unit(unit))
+            self.printed[(dim, unit)] = text
+        return text
 
     def tile_unit(self, size: Dim | None) -> tuple[int, str] | None:
         """The size and name of the schedule's tile ``size`` (a tile's name), or of

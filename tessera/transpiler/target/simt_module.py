@@ -89,7 +89,8 @@ class _KernelView:
         self.dims = kernel_sizes(kernel)
         # a tensor whose data no statement reads (pad's ``like``, which gives only a row
         # length) keeps its place, unnamed
-        read = names_used((*simt.prologue, *simt.body))
+        body_names, prologue_names = names_used(simt.body), names_used(simt.prologue)
+        read = body_names | prologue_names
         self.params = self._params(simt, d, read, {})
         #: Parameters that OpenCL C names although no statement reads them.
         self.unread = [
@@ -108,7 +109,6 @@ class _KernelView:
         self.grid = [f"{pid} < {_extent_text(extent, simt.blocks.get(pid, block))}"
                      for pid, extent, block in simt.grid]  # fmt: skip
         self.launch_grid = _launch_grid(simt.grid)
-        body_names = names_used(simt.body)
         reverse = _longest_last(kernel, simt)
         self.pids = [
             f"const {d.index_type} {pid} = {index};"
@@ -120,11 +120,11 @@ class _KernelView:
         # A size that only the grid's extent needs is still a parameter, so that every
         # launch passes the function's sizes alike. The comments quote the .tsr source,
         # whose sizes are no uses (``reshape("B", "S", C)``).
-        used = body_names | names_used((*simt.prologue, *self.pids))
+        used = read | names_used(self.pids)
         self.unused = [s for s in simt.sizes.values() if s not in used]
 
     def _params(
-        self, simt: SimtKernel, d: Dialect, read: set[str] | None, names: dict[str, str]
+        self, simt: SimtKernel, d: Dialect, read: frozenset[str] | None, names: dict[str, str]
     ) -> list[str]:
         """The declarations of the kernel's tensors, scalars, sizes, tensor maps and
         fault record: a tensor outside ``read`` unnamed where the dialect allows it.
