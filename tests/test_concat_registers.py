@@ -56,6 +56,17 @@ def stacked(a: Tensor["K", 13, f32], b: Tensor["K", 13, f32],
         ab += tile.dot(x, tile.load(b, kb, cols=T.n))
         ac += tile.dot(x, tile.load(c, kb, cols=T.n))
     return tile.concat((ab, ac), axis=0)
+
+
+@kernel.schedule(Schedule(block=(64, 32), warps=4, stages=2))
+def in_a_loop(a: Tensor["M", "K", f32], b: Tensor["K", 16, f32]) -> Tensor["M", 16, f32]:
+    T = tile.context()
+    total = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(a.shape[-1], T.k):
+        p = tile.dot(tile.load(a, rows=T.m, cols=kb), tile.load(b, kb, cols=T.n))
+        doubled, once = tile.split(tile.concat((p * 2.0, p), axis=1), 2, axis=1)
+        total = total + doubled - once
+    return total
 """
 
 
@@ -126,6 +137,16 @@ def test_staging_beyond_the_shared_memory_is_refused() -> None:
     program = tessera.compile(WIDE, filename="wide.tsr", target="cuda", arch="sm_80")
     with pytest.raises(tessera.StageNotImplemented, match=r"staged through 132096 bytes"):
         _ = program.source
+
+
+def test_a_concat_in_a_loop_stages_each_iterations_product(built: Any) -> None:
+    """Each step's product joined to itself, then split: the staging buffers are
+    written again every iteration, after every thread has read the last one's."""
+    rng = np.random.default_rng(7)
+    a, b = _random(rng, 37, 300), _random(rng, 300, 16)
+    want = a.astype(np.float64) @ b
+    poison = np.full(want.shape, np.nan, np.float32)
+    np.testing.assert_allclose(built.in_a_loop(a, b, out=poison), want, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.compile

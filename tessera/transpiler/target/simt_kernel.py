@@ -1010,6 +1010,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         held = [v for v in pieces if self.forms[v.id].dist is not None]
         if all(isinstance(self.forms[v.id].dist, (Rows, FragmentRows)) and axis > 0 for v in held):
             return []
+        if self.role is not None:  # the staging's barriers would wait for the producer too
+            raise NotLowered("a concat of tiles held in registers beside a producer warpgroup")
         tiles = []
         for v in held:
             shape = tuple(d.constant for d in v.type.dims)
