@@ -4,8 +4,9 @@
 ``compiled``: a graph function ``attend(q, cache)`` that returns ``flash_attention(q,
 cache)`` over a cache whose ``S_max`` is a size: one split a row, the visible-keys kernel
 and the library's ``decode_partial``. ``compiled_splits``: the same with ``S_max`` fixed
-at compile time (``-D S=...``), so split as ``decode_attention`` splits it: with
-``decode_lse`` and the combine in graph ops besides, all in the compiled call. ``decode_attention``:
+at compile time (``-D S=...``), so split as ``decode_attention`` splits it: the library's
+``decode_partial_lse`` (each split's output and log-sum-exp, from one pass over the keys
+and values) and the combine in graph ops, all in the compiled call. ``decode_attention``:
 ``tessera.decode_attention(q, cache)``, the library's one ``decode_attention`` kernel,
 the visible keys and the combine computed by numpy. The shape is ``bench/decode.py``'s
 (B = 1, one query row, 32 query heads over 8 key/value heads, head dim 128, f32, S_max

@@ -82,7 +82,10 @@ CHECKED_ELSEWHERE = {
     ("tessera/stdlib/put_along_axis.tsr", "put_along_axis"): "tests/test_scatter.py",
     ("tessera/stdlib/decode_attention.tsr", "decode_attention"): "tests/test_kvcache.py",
     ("tessera/stdlib/decode_partial.tsr", "decode_partial"): "tests/test_kvcache_attention.py",
-    ("tessera/stdlib/decode_lse.tsr", "decode_lse"): "tests/test_kvcache_attention.py",
+    (
+        "tessera/stdlib/decode_partial_lse.tsr",
+        "decode_partial_lse",
+    ): "tests/test_kvcache_attention.py",
     ("examples/decode.tsr", "project"): "tests/test_decode_example.py",
     ("examples/decode.tsr", "project_windowed"): "tests/test_decode_example.py",
     ("examples/decode.tsr", "qkv"): "tests/test_decode_example.py",

@@ -1328,9 +1328,7 @@ class Evaluator:
         (v,) = emitter.emit("kvcache.v", read, (call.split_type(),), (), (), span)
         (seen,) = emitter.emit("kvcache.visible", read, (call.seen_type(),), call.attrs(), (),
                                span)  # fmt: skip
-        (keys,) = emitter.emit("kvcache.k", read, (call.split_type(),), (), (), span)
-        values = [q, Ev(k, cache.span, "k"), Ev(v, cache.span, "v"), Ev(seen, span, "seen"),
-                  Ev(keys, cache.span, "keys")]  # fmt: skip
+        values = [q, Ev(k, cache.span, "k"), Ev(v, cache.span, "v"), Ev(seen, span, "seen")]
         return self.function.call_library(library_module(call), values, span)
 
     def _append(self, node: ast.Call, cache: Value, args: list[Ev], keywords: list) -> Value:

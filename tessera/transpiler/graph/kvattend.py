@@ -12,9 +12,12 @@ the device and in the function's launches:
    as ``[B*H*P, S_max/P, D]``: each program's split of one (batch row, key head).
 3. A graph function of the library, instantiated for the call (``attend_source``),
    stacks the ``G`` query heads of a key head into rows (``[B, H, G*n, D]``, as ``q``
-   lies), copies them for each split, calls the standard library's ``decode_attention``
-   tile kernel (split-K, one online softmax per split) and weighs the splits' partial
-   outputs by ``exp(lse - logsumexp(lse))``: the softmax over all the keys.
+   lies), copies them for each split, calls the standard library's
+   ``decode_partial_lse`` tile kernel (``decode_attention``'s split-K loop, one online
+   softmax per split, which returns each split's log-sum-exp and output side by side)
+   and weighs the splits' partial outputs by ``exp(lse - logsumexp(lse))``: the
+   softmax over all the keys. With one split a row, ``decode_partial`` returns the
+   output alone.
 
 Its ops are inlined into the caller's, so that fusion and the later stages see them as
 any others; they carry the span of the call.
@@ -176,20 +179,15 @@ def splits_of(heads: Dim, batch: Dim, s_max: Dim) -> int:
 
 
 def library_module(call: AttendCall) -> ast.Module:
-    """The parsed library source of one call: the standard library's ``decode_partial``
-    and ``decode_lse`` kernels for the cache's dtype, each parsed under its own file's
-    name (so that the code cites ``decode_partial.tsr:LINE``), and ``attend(q, k, v,
-    seen, keys)`` (``keys``: ``k`` again, for ``decode_lse``: each view of the cache is
-    read by one kernel), which stacks ``q``'s grouped heads, runs the kernels over the
-    splits and combines them."""
+    """The parsed library source of one call: the standard library's kernel for its
+    splits (``decode_partial_lse``, or ``decode_partial`` for one) for the cache's
+    dtype, parsed under its own file's name (so that the code cites
+    ``decode_partial.tsr:LINE``), and ``attend(q, k, v, seen)``, which stacks ``q``'s
+    grouped heads, runs the kernel over the splits and combines them."""
     dtype = str(call.cache.dtype)
-    stdlib = resources.files("tessera.stdlib")
-    modules = [
-        parse_library_file(
-            f"{name}.tsr", stdlib.joinpath(f"{name}.tsr").read_text("utf-8").replace("bf16", dtype)
-        )
-        for name in ("decode_partial", "decode_lse")
-    ]
+    name = "decode_partial_lse" if call.splits > 1 else "decode_partial"
+    text = resources.files("tessera.stdlib").joinpath(f"{name}.tsr").read_text("utf-8")
+    modules = [parse_library_file(f"{name}.tsr", text.replace("bf16", dtype))]
     text = attend_source(call)
     modules.append(
         parse_library_file(f"kvattend_{hashlib.sha256(text.encode()).hexdigest()[:16]}", text)
@@ -207,13 +205,14 @@ def attend_source(call: AttendCall) -> str:
     p = call.splits
     lines = [f"grouped = q.reshape({big_n}, {r}, {d})"]
     if p > 1:  # each split's programs read their own copy of the rows
+        joined = _dim(call.dim + Dim.const(1))
         lines = [
             f"grouped = broadcast_to(q.reshape({b}, {h}, 1, {r}, {d}), "
             f"({b}, {h}, {p}, {r}, {d})).reshape({big_n}, {r}, {d})",
-            f"partial = decode_partial(grouped, k, v, seen, scale={call.scale!r})"
-            f".reshape({b}, {h}, {p}, {r}, {d})",
-            f"lse = decode_lse(grouped, keys, seen, scale={call.scale!r})"
-            f".reshape({b}, {h}, {p}, {r}, {d})[..., :1]",
+            f"joined = decode_partial_lse(grouped, k, v, seen, scale={call.scale!r})"
+            f".reshape({b}, {h}, {p}, {r}, {joined})",
+            "lse = joined[..., :1]",
+            "partial = joined[..., 1:]",
             # each split weighed by its share of the softmax's denominator
             "attended = sum(partial * exp(lse - logsumexp(lse, axis=2, keepdims=True)), axis=2)",
         ]
@@ -225,7 +224,7 @@ def attend_source(call: AttendCall) -> str:
         "@kernel\n"
         f"def attend(q: Tensor[{b}, {q_heads}, {n}, {d}, {dtype}], "
         f"k: Tensor[{big_n}, {c}, {d}, {dtype}], v: Tensor[{big_n}, {c}, {d}, {dtype}], "
-        f"seen: Tensor[{big_n}, {r}, 1, i32], keys: Tensor[{big_n}, {c}, {d}, {dtype}]"
+        f"seen: Tensor[{big_n}, {r}, 1, i32]"
         f") -> Tensor[{b}, {q_heads}, {n}, {d}, {dtype}]:\n"
         f"{body}"
     )

@@ -311,11 +311,14 @@ def _split(call: OpCall) -> object:
 
 @register("tile.concat", P("tiles"), P("axis"), level="tile")
 def _concat(call: OpCall) -> object:
-    """Join a tuple of tiles along ``axis``; the other dims and the dtype must agree. On
-    the GPU targets and OpenCL, a piece after the first that a product computed (a
-    ``tile.dot`` accumulator, held in registers across the threads) is not lowered yet:
-    the kernel is refused with that reason. Loaded tiles, elementwise results and row
-    vectors (``mean[:, None]``) join anywhere."""
+    """Join a tuple of tiles along ``axis``, as ``np.concatenate``; the other dims and
+    the dtype must agree. Any tiles join, on every target: loaded tiles, elementwise
+    results, row vectors (``mean[:, None]``) and products (a ``tile.dot`` accumulator).
+    On the GPU targets and OpenCL a product's elements are spread over the threads in
+    registers, so a concat with one goes through shared memory (local memory in
+    OpenCL): each such piece is written to a staging buffer, then the joined tile is
+    read from it, at a barrier's cost and the buffers' bytes
+    (``docs/opencl-backend.md``)."""
     tiles = call.raw("tiles")
     if (
         not isinstance(tiles, tuple)

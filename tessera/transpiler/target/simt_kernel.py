@@ -24,6 +24,7 @@ comes from.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import field
@@ -79,7 +80,7 @@ from .simt_layout import (
     rows_of,
 )
 from .simt_persistent import PersistentTiles
-from .simt_tiles import SmemView, TileOps
+from .simt_tiles import SmemView, Staged, TileOps
 from .simt_tma import TensorMap, TmaCopies
 from .single_iteration import without_single_iterations
 from .smem_checks import SharedChecks
@@ -181,6 +182,10 @@ class SimtKernel:
     #: The program ids that step by a tile it declares: that tile's name (``pid_m``:
     #: ``BM``), which its grid's comment counts blocks of.
     blocks: dict[str, str] = field(default_factory=dict)
+    #: Of its shared memory (arena and declared), the bytes of buffers that the
+    #: schedule's estimate does not count: a concat's pieces staged from registers
+    #: (``TileOps.stage_all``).
+    unplanned_smem_bytes: int = 0
 
 
 def emit_simt_kernel(
@@ -265,6 +270,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.prologue: dict[str, str] = {}
         self.locals: dict[str, tuple[str, str, int, int]] = {}
         self.static_smem_bytes = 0
+        self.unplanned_smem_bytes = 0
         self.depth = 1
         self.sources = SourceLines()
         #: While a walk over a distribution runs: that distribution, and where it began.
@@ -458,7 +464,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                           tuple(self.tensor_maps.values()), frozenset(self.tma_ranks),
                           one_block=bool(self.kernel.producer),
                           locals=tuple(self.locals.values()),
-                          checked=self.checked, blocks=blocks)  # fmt: skip
+                          checked=self.checked, blocks=blocks,
+                          unplanned_smem_bytes=self.unplanned_smem_bytes)  # fmt: skip
 
     def block(self, block: Block) -> None:
         # An op that writes nothing (a lazy value) leaves its line's comment to the next
@@ -968,25 +975,61 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             self.lazy(part, piece, x)
 
     def op_concat(self, op: Op) -> None:
+        """Tiles joined along an axis: each element reads the piece it falls in, at its
+        index less the piece's start. A piece held in registers (a product's accumulator)
+        has its elements in the threads that computed them, at the piece's own indices,
+        which the concat moves or which a walk over the piece's distribution does not
+        cover: such pieces go through shared memory first (``stage_all``), and the
+        joined tile is then an expression that any thread reads at any index. Row
+        vectors side by side (``attention_stats``'s two columns) need not: every holder
+        of a row holds all of its columns."""
         axis = op.attr("axis") % len(op.result.type.dims)
+        starts, start = [], Dim.const(0)
+        for part in op.operands:
+            starts.append(start)
+            start = start + part.type.dims[axis]
+        staged = dict(self.staged_pieces(op.operands, axis))
+        last = op.operands[-1]
 
         def joined(idx: tuple[str, ...]) -> str:
-            last = op.operands[-1]
-            starts, start = [], Dim.const(0)
-            for part in op.operands:
-                starts.append(start)
-                start = start + part.type.dims[axis]
             choice = ""
             for part, begin in zip(op.operands, starts, strict=True):
                 at = idx[axis] if begin == Dim.const(0) else f"{idx[axis]} - ({self.c(begin)})"
-                value = self.at(part, (*idx[:axis], at, *idx[axis + 1 :]), tuple(part.type.dims))
+                moved = (*idx[:axis], at, *idx[axis + 1 :])
+                value = (
+                    staged[part.id](moved)
+                    if part.id in staged
+                    else self.at(part, moved, tuple(part.type.dims))
+                )
                 if part is last:
                     return choice + value
                 end = self.c(begin + part.type.dims[axis])
                 choice += f"{idx[axis]} < {end} ? {value} : "
             raise AssertionError("concat of no tiles")
 
-        self.lazy(op.result, joined, *op.operands)
+        self.lazy(op.result, joined, *(v for v in op.operands if v.id not in staged))
+
+    def staged_pieces(self, pieces: tuple[Value, ...], axis: int) -> list[tuple[int, Element]]:
+        """The pieces of a concat along ``axis`` that are held in registers, by value id,
+        each read from a shared staging buffer, where one of them must be: a tile (Grid
+        or Fragments) joined to anything, or a row vector joined along its rows. None
+        where every piece held is a row vector joined along the columns."""
+        held = [v for v in pieces if self.forms[v.id].dist is not None]
+        if all(isinstance(self.forms[v.id].dist, (Rows, FragmentRows)) and axis > 0 for v in held):
+            return []
+        if self.role is not None:  # the staging's barriers would wait for the producer too
+            raise NotLowered("a concat of tiles held in registers beside a producer warpgroup")
+        tiles = []
+        for v in held:
+            shape = tuple(d.constant for d in v.type.dims)
+            if None in shape or len(shape) > 2:
+                raise NotLowered("a concat of a tile held in registers of a symbolic size")
+            dims = tuple(v.type.dims)
+            name = self.namer.fresh(f"{self.temps.wanted(v) or 'piece'}_stage")
+            value = functools.partial(self.at, v, out=dims)
+            tiles.append(Staged(name, self.forms[v.id].dist, shape, "f32", value))
+        elements = self.stage_all(tiles, unplanned=True)
+        return [(v.id, element) for v, (element, _) in zip(held, elements, strict=True)]
 
     def op_mask_causal(self, op: Op) -> None:
         s, rows, cols = op.operands

@@ -373,6 +373,13 @@ def _check_shared_memory(simt: SimtKernel, hw: Hardware) -> None:
     """The schedule's estimate of shared memory must cover what the kernel declares:
     a program that asks for more than the arch has fails at launch, far from here."""
     total = simt.smem_bytes + simt.static_smem_bytes
+    if hw.kind == "gpu" and total > hw.smem_bytes >= total - simt.unplanned_smem_bytes:
+        raise NotLowered(
+            f"a concat of tiles held in registers, staged through "
+            f"{simt.unplanned_smem_bytes} bytes of shared memory: with the "
+            f"{total - simt.unplanned_smem_bytes} bytes it needs besides, more than the "
+            f"{hw.smem_bytes} that {hw.arch} allows (a smaller tile would fit)"
+        )
     if hw.kind == "gpu" and total > hw.smem_bytes:
         raise AssertionError(
             f"{simt.name} needs {total} bytes of shared memory ({simt.smem_bytes} planned, "

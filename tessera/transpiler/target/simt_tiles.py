@@ -30,6 +30,7 @@ from .simt_layout import (
     MFMA_32X32,
     MMA_16X8,
     WARPGROUP,
+    Distribution,
     Element,
     Flat,
     Form,
@@ -46,7 +47,7 @@ from .simt_layout import (
     sw128_panel,
 )
 
-__all__ = ["TileOps", "SmemView", "wgmma_start", "wgmma_leading", "WGMMA_FORMS"]
+__all__ = ["TileOps", "SmemView", "Staged", "wgmma_start", "wgmma_leading", "WGMMA_FORMS"]
 
 #: The 32x32 MFMA instructions of CDNA: the reduction step of one instruction, the
 #: type of one lane's operand fragment, the dtype it multiplies, and how an element
@@ -162,6 +163,19 @@ def wgmma_start(view: SmemView, k_major: bool, kk: str, mn0: str, panel: str) ->
     return " + ".join(terms)
 
 
+@frozen
+class Staged:
+    """A tile held in registers that ``stage_all`` writes to a shared buffer: the
+    buffer's name, where the tile lies, its shape (constant), the dtype the buffer stores,
+    and the thread's element at an index of the walk over ``dist``."""
+
+    name: str
+    dist: Distribution
+    shape: tuple[int, ...]
+    dtype: str
+    value: Element
+
+
 class TileOps:
     """The ops of distributed tiles; mixed into the SIMT emitter, whose state they use."""
 
@@ -189,6 +203,10 @@ class TileOps:
     team: tuple[str, str]
     #: The alignment of the shared-memory arena, in bytes.
     arena_align: int
+    #: Bytes of shared memory of the planned arena, and of the staging buffers that no
+    #: schedule planned (``stage_all``).
+    smem_bytes: int
+    unplanned_smem_bytes: int
 
     # -- shared memory ---------------------------------------------------------------------
 
@@ -196,18 +214,25 @@ class TileOps:
         buf = op.result
         t: SharedType = buf.type
         plan = next(s for s in self.kernel.smem if s.buffer == (buf.name or "smem"))
-        total = self.smem_bytes
-        # (16 bytes: aligned for the chunks that copies move)
-        align = str(self.arena_align)
-        if self.arena_align == CHUNK_BYTES:
-            align = self.named("CHUNK_BYTES", CHUNK_BYTES)
-        arena = self.d.local_bytes("tsr_smem", total, align)
-        self.declare_local("tsr_smem", self.d.byte_type, total, self.arena_align, arena)
+        self.declare_arena()
         name = self.namer.fresh(buf.name, "smem")
         storage = self.d.storage[t.dtype.name]
         self.declare(name, self.d.local_view(storage, name, "tsr_smem", plan.offset))
         self.forms[buf.id] = Form("shared", tuple(t.dims), name)
         self.layouts[buf.id] = plan.layout
+
+    def declare_arena(self) -> None:
+        """The shared-memory arena of ``smem_bytes``, declared again where a staging
+        buffer has grown it since (``stage_all``)."""
+        # (16 bytes: aligned for the chunks that copies move)
+        align = str(self.arena_align)
+        if self.arena_align == CHUNK_BYTES:
+            align = self.named("CHUNK_BYTES", CHUNK_BYTES)
+        total = self.smem_bytes
+        if self.d.launched_locals:
+            self.locals["tsr_smem"] = (self.d.byte_type, "tsr_smem", total, self.arena_align)
+        else:  # in its place, before the views of its buffers
+            self.prologue["tsr_smem"] = self.d.local_bytes("tsr_smem", total, align)
 
     def slot_index(self, buf: Value, slot: Slot) -> str:
         return self.stage_index(replace(slot, stages=buf.type.stages))
@@ -886,23 +911,70 @@ class TileOps:
         self, name: str, dist: Grid | Fragments, value: str, dtype: str
     ) -> tuple[Element, Element]:
         """A tile's elements through a shared staging buffer, so that any thread can read
-        any element: (the element as a float, its stored bits). ``value`` is stored as
-        ``dtype`` stores it; rows are padded by 4 bytes against bank conflicts."""
-        ctype = self.d.storage[dtype]
-        rows, cols = dist.rows, dist.cols
-        stride = cols + (1 if dtype == "f32" else 2)
-        self.declare_shared(ctype, name, rows * stride, DTYPES[dtype].bits // 8)
-        self.line(self.d.barrier)
-        self.walk(dist)
-        self.line(self.d.write(dtype, name, f"i * {stride} + j", value))
-        self.close_walk()
-        self.line(self.d.barrier)
+        any element: (the element as a float, its stored bits). ``value`` is the
+        thread's element at slot ``t`` of ``dist``, stored as ``dtype`` stores it."""
+        tile = Staged(name, dist, (dist.rows, dist.cols), dtype, lambda index: value)
+        return self.stage_all([tile])[0]
 
-        def at(index: tuple[str, ...]) -> str:
-            return f"({index[0]}) * {stride} + {index[1]}"
+    def stage_all(
+        self, tiles: list[Staged], unplanned: bool = False
+    ) -> list[tuple[Element, Element]]:
+        """Tiles held in registers through shared staging buffers, one each, written
+        between one pair of barriers, so that any thread can read any element of them:
+        for each, (the element as a float, its stored bits). Of a row vector's tile (a
+        Rows or FragmentRows distribution, ``[rows]`` or ``[rows, width]``), each row is
+        written by the one thread among its holders at column (lane bits) 0. Rows are
+        padded by 4 bytes against bank conflicts.
 
-        return (lambda index: self.d.read(dtype, name, at(index)),
-                lambda index: f"{name}[{at(index)}]")  # fmt: skip
+        ``unplanned``: buffers that the schedule's estimate of shared memory does not
+        count (a concat's), which can be large. They are counted apart
+        (``unplanned_smem_bytes``), and where the dialect's arena is given at launch
+        (CUDA's) they lie in it, after the planned buffers: a static array holds at most
+        48 KiB, and a launch asks for an arena beyond that."""
+        strides = []
+        for tile in tiles:
+            cols = tile.shape[1] if len(tile.shape) == 2 else 1
+            stride = cols + (1 if tile.dtype == "f32" else 2) if cols > 1 else 1
+            storage, count = self.d.storage[tile.dtype], tile.shape[0] * stride
+            size = count * (DTYPES[tile.dtype].bits // 8)
+            if unplanned and self.d.dynamic_arena:
+                offset = -(-self.smem_bytes // CHUNK_BYTES) * CHUNK_BYTES
+                self.smem_bytes = offset + size
+                self.declare_arena()
+                self.declare(tile.name, self.d.local_view(storage, tile.name, "tsr_smem", offset))
+            else:
+                self.declare_shared(storage, tile.name, count, DTYPES[tile.dtype].bits // 8)
+            if unplanned:
+                self.unplanned_smem_bytes += size
+            strides.append(stride)
+        if self.lines[-1].strip() != self.d.barrier:  # (a row reduction's ends in one)
+            self.line(self.d.barrier)
+        for tile, stride in zip(tiles, strides, strict=True):
+            index = self.walk(tile.dist)
+            closes = 0
+            if isinstance(tile.dist, (Rows, FragmentRows)):
+                mask = sum(tile.dist.shape.row_lanes) if isinstance(tile.dist, FragmentRows) else 0
+                self.open(f"if ({'tx == 0' if mask == 0 else f'(lane & {mask}) == 0'})")
+                closes = 1
+                if stride > 1:
+                    self.open(f"for (int j = 0; j < {tile.shape[1]}; ++j)")
+                    closes = 2
+                if len(tile.shape) == 2:
+                    index = (index[0], "j" if stride > 1 else "0")
+            # (the walk's indices are names: no parentheses)
+            at = (
+                index[0]
+                if stride == 1 or len(index) == 1
+                else f"{index[0]} * {stride} + {index[1]}"
+            )
+            self.line(self.d.write(tile.dtype, tile.name, at, tile.value(index)))
+            for _ in range(closes):
+                self.close()
+            self.close_walk()
+        self.line(self.d.barrier)
+        return [(lambda index, t=tile, s=stride: self.d.read(t.dtype, t.name, _staged_at(index, s)),
+                 lambda index, t=tile, s=stride: f"{t.name}[{_staged_at(index, s)}]")
+                for tile, stride in zip(tiles, strides, strict=True)]  # fmt: skip
 
     # -- online softmax --------------------------------------------------------------------
 
@@ -1100,3 +1172,11 @@ class TileOps:
         if form.kind == "owned" and form.dist == rows and self.uses.get(x.id) == 1:
             return form
         return self.materialize(x, rows, self.namer.fresh(self.temps.wanted(result), "v"))
+
+
+def _staged_at(index: tuple[str, ...], stride: int) -> str:
+    """Where element ``index`` of a staged tile lies in its buffer, rows ``stride``
+    apart (a tile of one column, or a row vector, is one element a row)."""
+    if len(index) == 1 or stride == 1:
+        return index[0]
+    return f"({index[0]}) * {stride} + {index[1]}"
