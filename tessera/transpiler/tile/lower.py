@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...frozen import frozen
+from ..frontend.diagnostics import CompileError, Diagnostic, Severity
 from ..graph.dims import Dim
 from ..graph.ir import Block, Function, Op, Value, new_value, walk
 from ..graph.types import ScalarType, TensorType, TileType
@@ -301,8 +302,37 @@ class _Lowering:
             elif mode == "all":
                 axes.append(Axis(Dim.const(0), self.dim(extent), extent))
             else:
-                axes.append(Axis(self._program_offset(name, size, spelled), size, extent))
+                offset = self._program_offset(name, size, spelled)
+                if op is None:
+                    self._check_owned(name, spelled, size, extent, offset)
+                axes.append(Axis(offset, size, extent))
         return Access(tuple(axes))
+
+    def _check_owned(self, axis: str, spelled: Dim, size: Dim, extent: Dim, offset: Dim) -> None:
+        """A returned tile is stored at the program's own block: along an axis that the
+        grid steps over, a tile of another size than the step would be stored by every
+        program at the same place (``tile.concat((a, b), axis=0)`` of two row blocks),
+        unless one program covers the whole axis. That is an error at the return."""
+        if offset != Dim.const(0):
+            return
+        role = self._role(axis, spelled)
+        pid = self.pid_names.get(role)
+        if pid is None:
+            return
+        block = self._pid_block(pid)
+        if extent.constant is not None and extent.constant <= block:
+            return
+        what = "rows" if axis == "rows" else "columns"
+        step = "T.m" if role == "pid_m" else "T.n"
+        raise CompileError((Diagnostic(
+            Severity.ERROR,
+            f"the returned tile has {size} {what}, but each program of the grid owns a "
+            f"block of {block} {what} of the result ({step}): every program would store "
+            f"its tile over the same {what}. Return a tile of {step} {what} (a block of "
+            "each program's own), or write the result with tile.store at offsets the "
+            "program computes",
+            self.function.return_span or self.function.span,
+        ),))  # fmt: skip
 
     def _batch_pids(self, count: int) -> list[str]:
         """Leading tensor dims line up, from the right, with the grid's batch axes."""
@@ -315,11 +345,15 @@ class _Lowering:
         grids), or the single block of a dim the tile spans (the head dim). ``T.m`` and
         ``T.n`` name their block wherever they stand, so ``rows=T.n`` of a ``[N, K]``
         operand is the program's column block; other sizes go by the axis."""
-        role = _ROLE_OF.get(spelled.symbol or "", "pid_m" if axis == "rows" else "pid_n")
-        pid = self.pid_names.get(role)
+        pid = self.pid_names.get(self._role(axis, spelled))
         if pid is not None and size.constant == self._pid_block(pid):
             return Dim.sym(pid) * size
         return Dim.const(0)
+
+    @staticmethod
+    def _role(axis: str, spelled: Dim) -> str:
+        """The program id whose block a tile's ``axis`` is (see ``_program_offset``)."""
+        return _ROLE_OF.get(spelled.symbol or "", "pid_m" if axis == "rows" else "pid_n")
 
     def _pid_block(self, pid: str) -> int:
         return next(a.block for a in self.grid if a.name == pid)
