@@ -5,6 +5,7 @@ hand, against the CPU backend's result."""
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -111,6 +112,25 @@ def test_the_launchers_are_left_out_on_request_and_never_clash_with_a_kernel(
     assert "named like the kernel 'tessera_x'" in capsys.readouterr().err
     with pytest.raises(HostNameClash):
         host_source(tessera.compile(clash.read_text(), "clash.tsr", target="cuda").ir("meta"))
+
+
+@pytest.mark.parametrize(
+    "static, dynamic, opts_in", [(40_000, 20_000, True), (0, 20_000, False), (0, 60_000, True)]
+)
+def test_a_launcher_opts_in_where_static_and_dynamic_shared_memory_pass_48_kib(
+    static: int, dynamic: int, opts_in: bool
+) -> None:
+    """Without the opt-in a block may have 48 KiB of shared memory, static and dynamic
+    together: a kernel with 40,000 static bytes fails to launch with 20,000 dynamic ones
+    unless its launcher raises the attribute, though 20,000 alone is under the limit."""
+    meta = copy.deepcopy(tessera.compile_file(ROOT / "examples/mlp.tsr", target="cuda").ir("meta"))
+    launch = meta["functions"][0]["launches"][0]
+    launch |= {"static_smem": static, "dynamic_smem": dynamic}
+    attribute = (
+        f"cudaFuncSetAttribute({launch['kernel']}, cudaFuncAttributeMaxDynamicSharedMemorySize,"
+        f" {dynamic})"
+    )
+    assert (attribute in host_source(meta)) == opts_in
 
 
 @pytest.mark.parametrize("target", ["cuda", "hip", "sycl"])

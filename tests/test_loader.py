@@ -88,6 +88,7 @@ def _fake_cupy(launches: list[tuple[Any, ...]]) -> types.ModuleType:
     class Kernel:
         def __init__(self, name: str) -> None:
             self.name, self.max_dynamic_shared_size_bytes = name, 0
+            self.shared_size_bytes = 0
 
         def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int) -> None:
             launches.append((self.name, grid, block, args, shared_mem))

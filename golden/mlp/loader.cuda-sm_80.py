@@ -21,7 +21,7 @@ import cupy
 
 _SOURCE = Path(__file__).with_name("mlp.cu")
 _OPTIONS = ("-std=c++17",)
-_DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a kernel gets without asking
+_DEFAULT_SMEM = 48 * 1024  # shared memory a kernel gets without asking
 
 
 @functools.cache
@@ -33,7 +33,7 @@ def _module() -> cupy.RawModule:
 @functools.cache
 def _kernel(name: str, smem: int) -> cupy.RawKernel:
     kernel = _module().get_function(name)
-    if smem > _DEFAULT_SMEM:
+    if smem + kernel.shared_size_bytes > _DEFAULT_SMEM:  # its static and dynamic bytes
         kernel.max_dynamic_shared_size_bytes = smem
     return kernel
 

@@ -110,7 +110,8 @@ class CudaFunction(Entry):
         self._kernels = {}
         for launch in meta["launches"]:
             kernel = module.get_function(launch["kernel"])
-            if launch["dynamic_smem"] > _DEFAULT_SMEM:
+            # the opt-in is needed where the static and dynamic bytes together pass 48 KiB
+            if launch["dynamic_smem"] + launch.get("static_smem", 0) > _DEFAULT_SMEM:
                 kernel.max_dynamic_shared_size_bytes = launch["dynamic_smem"]
             self._kernels[launch["kernel"]] = kernel
         # A persistent launch runs a program per multiprocessor, each looping over tiles.

@@ -302,6 +302,9 @@ class _Launcher:
         self.name = kernel.name
         self.arena = kernel.arena
         self.max_dynamic_shared_size_bytes = _DEFAULT_SMEM
+        #: Static shared memory, as CuPy's RawKernel gives it: the simulator holds a
+        #: kernel's static arrays apart from the dynamic arena, so none counts here.
+        self.shared_size_bytes = 0
 
     def __call__(self, grid: Any, block: Any, args: Any, shared_mem: int = 0) -> None:
         if shared_mem > self.max_dynamic_shared_size_bytes:

@@ -367,11 +367,13 @@ def _launch(k: Mapping[str, Any], target: str, f: Mapping[str, Any]) -> list[str
             else _operand(g["extent"]) for g in k["grid"]]  # fmt: skip
     grid += ["1"] * (3 - len(grid))
     smem = k.get("dynamic_smem", 0)
+    # the opt-in is needed where the static and dynamic bytes together pass 48 KiB
+    opt_in = smem + k.get("static_smem", 0) > _DEFAULT_SMEM
     lines = [f"{{  // {k['kernel']}",
              f"  const std::int64_t grid[3] = {{{', '.join(grid)}}};",
              "  if (grid[0] > 0 && grid[1] > 0 && grid[2] > 0) {"]  # fmt: skip
     inner = []
-    if smem > _DEFAULT_SMEM:
+    if opt_in:
         inner += [
             f"if (cudaFuncSetAttribute({k['kernel']}, cudaFuncAttributeMaxDynamicSharedMemorySize,"
             f" {smem}) != cudaSuccess)",
