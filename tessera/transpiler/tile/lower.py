@@ -35,6 +35,8 @@ INDEX = ScalarType("index")
 _ONE = Dim.const(1)
 #: The program id whose block a tile size is, when the size is written as such.
 _ROLE_OF = {"T.m": "pid_m", "T.n": "pid_n"}
+#: The program ids that step over a result's rows and columns.
+_BLOCKS = frozenset(_ROLE_OF.values())
 
 
 @frozen
@@ -228,6 +230,8 @@ class _Lowering:
                 )
         self.block(self.function.body.ops)
         if self.function.body.yields and self.given.output is not None:
+            for returned in self.function.body.yields:
+                self._check_blocks(returned.type)
             result = self.value(self.function.body.yields[0])
             output = self.given.output
             view = output if isinstance(output, View) else None
@@ -307,6 +311,30 @@ class _Lowering:
                     self._check_owned(name, spelled, size, extent, offset)
                 axes.append(Axis(offset, size, extent))
         return Access(tuple(axes))
+
+    def _check_blocks(self, returned: Any) -> None:
+        """A returned tile's rows are the program's row block (``T.m``) and its columns
+        its column block (``T.n``): ``tile.transpose`` of a block loaded with
+        ``rows=T.m, cols=T.n`` holds the program's column block in its rows, and would
+        be stored at the row block (wrong values wherever the two differ). That is an
+        error at the return, which says how to load the block that transposes into
+        place."""
+        if not isinstance(returned, TileType) or len(self.pid_names.keys() & _BLOCKS) < 2:
+            return
+        spelled = [d.symbol for d in returned.dims[-2:]]
+        own = ("T.m", "T.n")[-len(spelled) :]
+        crossed = [(s, o) for s, o in zip(spelled, own, strict=True) if s in _ROLE_OF and s != o]
+        if not crossed:
+            return
+        raise CompileError((Diagnostic(
+            Severity.ERROR,
+            f"the returned tile is [{', '.join(str(d) for d in returned.dims)}], but a "
+            f"program stores its block of the result, [{', '.join(own)}]: its "
+            f"{crossed[0][0]} block where the result's {crossed[0][1]} block goes. To "
+            "write a transposed block, load the block it transposes from with "
+            "rows=T.n, cols=T.m",
+            self.function.return_span or self.function.span,
+        ),))  # fmt: skip
 
     def _check_owned(self, axis: str, spelled: Dim, size: Dim, extent: Dim, offset: Dim) -> None:
         """A returned tile is stored at the program's own block: along an axis that the
