@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import field
 from fractions import Fraction
 from functools import cache, cached_property, lru_cache
 
@@ -29,6 +30,11 @@ Monomial = tuple[tuple[str, int], ...]
 @frozen
 class Dim:
     terms: tuple[tuple[Monomial, Fraction], ...]
+    #: For a constant: the sizes it was written as, where a name gave it (a library
+    #: kernel's ``K`` that its caller fixes to 256, ``K/2``, a loop's literal step), so
+    #: that generated code may print that in its place. It takes no part in equality,
+    #: hashing or ``str``: the dim is its value to every pass and printer of the IR.
+    spelled: Dim | None = field(default=None, compare=False, repr=False)
 
     # -- construction ----------------------------------------------------------
 
@@ -45,9 +51,24 @@ class Dim:
         return Dim._make({((name, 1),): _ONE})
 
     @staticmethod
+    def named(value: int, spelled: Dim) -> Dim:
+        """The constant ``value``, spelled ``spelled`` (``Dim.named(256, Dim.sym("K"))``)."""
+        return Dim(Dim.const(value).terms, spelled)
+
+    @staticmethod
     def _make(terms: dict[Monomial, Fraction]) -> Dim:
         kept = sorted((m, c) for m, c in terms.items() if c != 0)
         return Dim(tuple(kept))
+
+    def _spelled_too(self, result: Dim, other: Dim, combine: Callable[[Dim, Dim], Dim]) -> Dim:
+        """``result`` of ``self`` and ``other``, spelled as ``combine`` of their spellings
+        where it is a constant and either operand is spelled (``K/2`` of ``K``)."""
+        if (self.spelled is None and other.spelled is None) or result.constant is None:
+            return result
+        if not result.terms or (result is self or result is other):
+            return result
+        spelled = combine(self.spelled or self, other.spelled or other)
+        return Dim(result.terms, spelled) if spelled.constant is None else result
 
     # -- arithmetic ------------------------------------------------------------
 
@@ -58,10 +79,12 @@ class Dim:
         terms = dict(self.terms)
         for monomial, coeff in other.terms:
             terms[monomial] = terms.get(monomial, _ZERO) + coeff
-        return Dim._make(terms)
+        return self._spelled_too(Dim._make(terms), other, Dim.__add__)
 
     def __neg__(self) -> Dim:
-        return Dim._make({m: -c for m, c in self.terms})
+        negated = Dim._make({m: -c for m, c in self.terms})
+        spelled = None if self.spelled is None or not negated.terms else -self.spelled
+        return negated if spelled is None else Dim(negated.terms, spelled)
 
     def __sub__(self, other: Dim | int) -> Dim:
         return self + -_as_dim(other)
@@ -77,7 +100,7 @@ class Dim:
             for m2, c2 in other.terms:
                 monomial = _multiply(m1, m2)
                 terms[monomial] = terms.get(monomial, _ZERO) + c1 * c2
-        return Dim._make(terms)
+        return self._spelled_too(Dim._make(terms), other, Dim.__mul__)
 
     def __truediv__(self, other: Dim | int) -> Dim:
         """Exact division; only by a single term (``S/2``, ``E/heads``)."""
@@ -88,7 +111,7 @@ class Dim:
             raise ValueError(f"cannot divide by a sum ({other})")
         monomial, coeff = other.terms[0]
         inverse = Dim(((tuple((s, -p) for s, p in monomial), 1 / coeff),))
-        return self * inverse
+        return self._spelled_too(self * inverse, other, Dim.__truediv__)
 
     # -- queries ---------------------------------------------------------------
 

@@ -285,6 +285,11 @@ class TileKernel:
     #: offset is ``128*pid_m``: which number is a tile size is known here, not from its
     #: value, which another size may share.
     strides: tuple[tuple[str, str], ...] = ()
+    #: The sizes that constants of the kernel are spelled in (``Dim.spelled``), each with
+    #: its value: a library kernel's sizes that its caller fixes (gemm's ``K`` of 256),
+    #: and the literal steps of ``tile.range_n`` loops, which ``strides`` may step by. A
+    #: backend may declare them and print a constant spelled in them as its spelling.
+    sizes: tuple[tuple[str, int], ...] = ()
     span: Span | None = field(default=None, compare=False, repr=False)
 
     @property
