@@ -123,17 +123,15 @@ def test_every_inlined_header_paragraph_is_used(path: Path) -> None:
 #: The SIMT kernels.
 SIMT = [p for p in WRAPPED if "cpu" not in p.name]
 #: The SIMT files whose kernels still repeat numbers, and why. A size that a library
-#: kernel's caller fixes is the library's name for it (``K``), and a loop's literal step a
-#: tile (``BK``); what is left is a number of the caller's own: decode's rotary kernels
-#: read the heads of ``[T, 256]`` through a view whose row stride (``4*64``) no name
-#: spells, and its SYCL host functions repeat the sizes of the tensors they allocate;
-#: on CUDA, ``w4a16`` tests each fragment's group index against ``K/32``.
-_CALLERS_NUMBERS = "numbers the caller writes"
+#: kernel's caller fixes is the library's name for it (``K``, ``D/2``, ``4*D``), and a
+#: loop's literal step a tile (``BK``); what is left is numbers only the source writes:
+#: decode's SYCL host functions allocate its intermediates by bytes (``1024*B*T``), and
+#: on CUDA, ``w4a16`` tests each fragment's scale row against the extent ``K/32`` of
+#: ``scale: Tensor["K/32", "N"]``, whose group of 32 has no name.
 _NUMBERED = {
-    **{f"decode-{t}": _CALLERS_NUMBERS for t in ("cuda-sm_80", "cuda-sm_90a", "hip-gfx90a",
-                                                 "opencl-generic", "sycl-generic")},
-    **{f"quant_linear-{t}": _CALLERS_NUMBERS for t in ("cuda-sm_80", "cuda-sm_90a")},
-}  # fmt: skip
+    "decode-sycl-generic": "the host functions' byte counts of intermediates",
+    **{f"quant_linear-{t}": "the group of K/32" for t in ("cuda-sm_80", "cuda-sm_90a")},
+}
 #: Where a CPU program writes a tile's extent: a loop bound, a row stride of a tile's
 #: element, the size of a fill or copy, a loaded tile's rows and columns.
 _CPU_EXTENT = re.compile(

@@ -391,10 +391,10 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k2(const float* __restrict
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -589,10 +589,10 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k4(const float* __restrict
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -784,7 +784,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k6(const float* __restrict
     const long long row = BM*pid_m + i;
     const long long j = e - i * C;
     if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1028,10 +1028,10 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -1226,10 +1226,10 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -1421,7 +1421,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __rest
     const long long row = BM*pid_m + i;
     const long long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1707,10 +1707,10 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k2(
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -1905,10 +1905,10 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k4(
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -2100,7 +2100,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k6(
     const long long row = BM*pid_m + i;
     const long long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -3146,10 +3146,10 @@ extern "C" __global__ void __launch_bounds__(128) step_k2(const float* __restric
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -3344,10 +3344,10 @@ extern "C" __global__ void __launch_bounds__(128) step_k4(const float* __restric
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -3539,7 +3539,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k6(const float* __restric
     const long long row = BM*pid_m + i;
     const long long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -4871,10 +4871,10 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k2(const float* 
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -5069,10 +5069,10 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k4(const float* 
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -5264,7 +5264,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k6(const float* 
     const long long row = BM*pid_m + i;
     const long long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 

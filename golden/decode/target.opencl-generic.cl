@@ -285,10 +285,10 @@ void qkv_k2(__global const float* restrict t0, __global const float* restrict co
     const long j = e - i * D;
     const long col = D*pid_b1 + j;
     if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -401,10 +401,10 @@ void qkv_k4(__global const float* restrict t3, __global const float* restrict co
     const long j = e - i * D;
     const long col = D*pid_b1 + j;
     if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -514,7 +514,7 @@ void qkv_k6(__global const float* restrict t6, __global float* restrict out2, co
     const long row = BM*pid_m + i;
     const long j = e - i * C;
     if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -672,10 +672,10 @@ void project_k2(__global const float* restrict t0, __global const float* restric
     const long j = e - i * D;
     const long col = D*pid_b1 + j;
     if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -787,10 +787,10 @@ void project_k4(__global const float* restrict t3, __global const float* restric
     const long j = e - i * D;
     const long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -900,7 +900,7 @@ void project_k6(__global const float* restrict t6, __global float* restrict v, c
     const long row = BM*pid_m + i;
     const long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1099,10 +1099,10 @@ void project_windowed_k2(__global const float* restrict t0, __global const float
     const long j = e - i * D;
     const long col = D*pid_b1 + j;
     if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -1214,10 +1214,10 @@ void project_windowed_k4(__global const float* restrict t3, __global const float
     const long j = e - i * D;
     const long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -1327,7 +1327,7 @@ void project_windowed_k6(__global const float* restrict t6, __global float* rest
     const long row = BM*pid_m + i;
     const long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1950,10 +1950,10 @@ void step_k2(__global const float* restrict t0, __global const float* restrict c
     const long j = e - i * D;
     const long col = D*pid_b1 + j;
     if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -2065,10 +2065,10 @@ void step_k4(__global const float* restrict t3, __global const float* restrict c
     const long j = e - i * D;
     const long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -2178,7 +2178,7 @@ void step_k6(__global const float* restrict t6, __global float* restrict v, cons
     const long row = BM*pid_m + i;
     const long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -3035,10 +3035,10 @@ void step_windowed_k2(__global const float* restrict t0, __global const float* r
     const long j = e - i * D;
     const long col = D*pid_b1 + j;
     if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -3150,10 +3150,10 @@ void step_windowed_k4(__global const float* restrict t3, __global const float* r
     const long j = e - i * D;
     const long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -3263,7 +3263,7 @@ void step_windowed_k6(__global const float* restrict t6, __global float* restric
     const long row = BM*pid_m + i;
     const long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 

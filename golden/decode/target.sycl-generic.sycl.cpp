@@ -324,10 +324,10 @@ inline void qkv_k2(const float* __restrict__ t0, const float* __restrict__ cos_1
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -474,10 +474,10 @@ inline void qkv_k4(const float* __restrict__ t3, const float* __restrict__ cos_1
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -621,7 +621,7 @@ inline void qkv_k6(const float* __restrict__ t6, float* __restrict__ out2, const
     const long long row = BM*pid_m + i;
     const long long j = e - i * C;
     if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -831,10 +831,10 @@ inline void project_k2(const float* __restrict__ t0, const float* __restrict__ c
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -981,10 +981,10 @@ inline void project_k4(const float* __restrict__ t3, const float* __restrict__ c
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -1128,7 +1128,7 @@ inline void project_k6(const float* __restrict__ t6, float* __restrict__ v, cons
     const long long row = BM*pid_m + i;
     const long long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1410,10 +1410,10 @@ inline void project_windowed_k2(const float* __restrict__ t0, const float* __res
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -1560,10 +1560,10 @@ inline void project_windowed_k4(const float* __restrict__ t3, const float* __res
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -1707,7 +1707,7 @@ inline void project_windowed_k6(const float* __restrict__ t6, float* __restrict_
     const long long row = BM*pid_m + i;
     const long long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -2522,10 +2522,10 @@ inline void step_k2(const float* __restrict__ t0, const float* __restrict__ cos_
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -2672,10 +2672,10 @@ inline void step_k4(const float* __restrict__ t3, const float* __restrict__ cos_
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -2819,7 +2819,7 @@ inline void step_k6(const float* __restrict__ t6, float* __restrict__ v, const l
     const long long row = BM*pid_m + i;
     const long long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -3907,10 +3907,10 @@ inline void step_windowed_k2(const float* __restrict__ t0, const float* __restri
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 256 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t0[(pid_b0 * T + row) * 256 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -4057,10 +4057,10 @@ inline void step_windowed_k4(const float* __restrict__ t3, const float* __restri
     const long long j = e - i * D;
     const long long col = D*pid_b1 + j;
     if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
-        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 128 + col])) * (cos_1[row * (D/2) + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
-        + (((t3[(pid_b0 * T + row) * 128 + D*pid_b1 + D/2 + j - (D/2)]))
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
         * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
@@ -4204,7 +4204,7 @@ inline void step_windowed_k6(const float* __restrict__ t6, float* __restrict__ v
     const long long row = BM*pid_m + i;
     const long long j = e - i * C;
     if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
-        (t6[(pid_b0 * T + row) * 128 + C*pid_b1 + j]);
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 

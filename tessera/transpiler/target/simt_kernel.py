@@ -1067,10 +1067,10 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
     ) -> tuple[str, str]:
         """(element offset, condition) of the access at a tile index, of a tile (or
         buffer) of type ``t`` where one is given: its tiles name the offsets. A dim of
-        the tensor strides by the access's extent where that is the same size spelled
-        as the kernel declares it (``K``)."""
+        the tensor strides by the access's extent (or a merged axis's whole size) where
+        that is the same size spelled as the kernel declares it (``K``, ``4*D``)."""
         dims = tuple(
-            a.extent if a.extent.spelled is not None and a.extent == d else d
+            next((s for s in (a.extent, a.whole) if s is not None and s.spelled and s == d), d)
             for a, d in zip(at.axes, tensor.type.dims, strict=True)
         )
         return self.position(dims, at, index, t)
