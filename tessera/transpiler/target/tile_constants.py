@@ -20,6 +20,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import field
+from functools import cached_property
 from typing import Any
 
 from ...frozen import frozen
@@ -55,9 +56,10 @@ class TileConstants:
     def names(self) -> frozenset[str]:
         return frozenset(name for _, name in self._values())
 
-    @property
+    @cached_property
     def spelled_names(self) -> dict[str, str]:
-        """The C name of each size that constants are spelled in, for ``c_dim``."""
+        """The C name of each size that constants are spelled in, for ``c_dim`` (kept:
+        a kernel prints thousands of dims)."""
         return {size: name for size, (_, name) in self.spelled.items()}
 
     def _values(self) -> tuple[tuple[int, str], ...]:

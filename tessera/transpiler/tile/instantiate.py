@@ -83,6 +83,15 @@ def _stdlib_module(template: str) -> ast.Module:
     return parse_library_file(f"tessera/stdlib/{template}.tsr", text)
 
 
+@functools.cache
+def _declared_types(template: str) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """The library kernel's parameter and result types as it declares them, in its own
+    sizes (``a: [M, K]``), by parameter name, for ``FixedSizes``."""
+    (fn,) = _stdlib_module(template).functions()
+    params = {p.name: resolve_type(p.annotation, {}) for p in fn.params if p.annotation}
+    return params, result_types(resolve_result(fn.returns, {}))
+
+
 def stdlib_kernel(
     template: str, operands: tuple[TensorType, ...], results: tuple[TensorType, ...],
     span: Any, names: tuple[str, ...],
@@ -99,8 +108,7 @@ def stdlib_kernel(
     typed.update((n, absent) for n in TEMPLATE_PARAMS[template] if n not in typed)
     sizes = frozenset(s for t in (*operands, *results) for d in t.dims for s in d.symbols())
     # the library's own names for the sizes that the caller fixes (gemm's K of 256)
-    declared = {p.name: resolve_type(p.annotation, {}) for p in fn.params if p.name in typed}
-    declared_results = result_types(resolve_result(fn.returns, {}))
+    declared, declared_results = _declared_types(template)
     paired = (
         list(zip(declared_results, results, strict=True))
         if len(declared_results) == len(results)
