@@ -126,7 +126,9 @@ def tile_constants(
     (``BK`` for ``kb``); without, a loop steps by a number."""
     sizes = dict(kernel.tiles)
     fixed = dict(kernel.sizes) if spelled else {}
-    steps = {tile: symbol for symbol, tile in kernel.strides if tile in fixed}
+    # a literal step's size is the loop's (``kb.block``), named after its counter
+    steps = {tile: symbol for symbol, tile in kernel.strides
+             if tile in fixed and not tile.isidentifier()}  # fmt: skip
     namer = Namer(taken)
     names: dict[str, str] = {}
     for tile in (*(tile for _, tile in kernel.strides), *sizes, *fixed):
