@@ -67,6 +67,19 @@ def test_dim_algebra() -> None:
     assert parse_dim("64").constant == 64 and parse_dim("S").constant is None
 
 
+def test_a_spelled_constant_is_its_value_and_keeps_its_spelling_through_arithmetic() -> None:
+    """A size fixed by a caller (``Dim.named``) equals, hashes and prints as its number;
+    arithmetic of constants keeps the spelling (``D/2``, ``4*D``), a result with a
+    symbol in it does not need one, and substituting a name gives the spelled dim."""
+    d = Dim.named(64, Dim.sym("D"))
+    assert d == Dim.const(64) and hash(d) == hash(Dim.const(64)) and str(d) == "64"
+    assert (d / 2).spelled == parse_dim("D/2") and (d / 2).constant == 32
+    assert (Dim.const(4) * d).spelled == parse_dim("4*D") and (d - d).spelled is None
+    assert (Dim.sym("S") * d).spelled is None and (d + 0) is d
+    assert parse_dim("D/2").substitute({"D": d}).spelled == parse_dim("D/2")
+    assert Dim.sym("D").substitute({"D": d}).spelled == Dim.sym("D")
+
+
 @pytest.mark.parametrize(
     ("text", "values", "value"),
     [("S", {"S": 5}, 5), ("S/2", {"S": 6}, 3), ("S/2", {"S": 5}, Fraction(5, 2)),

@@ -10,6 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tessera
@@ -122,16 +123,16 @@ def test_every_inlined_header_paragraph_is_used(path: Path) -> None:
 
 #: The SIMT kernels.
 SIMT = [p for p in WRAPPED if "cpu" not in p.name]
-#: The SIMT files whose kernels still repeat numbers, and why: a size the source fixes
-#: (``decode.tsr``'s ``Tensor[256, 512, f32]``; ``quant_linear.tsr``'s tile kernels step
-#: ``tile.range_n(..., 64)`` and quantize in groups of 32).
-_FIXED_SIZES = "sizes the source fixes"
+#: The SIMT files whose kernels still repeat numbers, and why. A size that a library
+#: kernel's caller fixes is the library's name for it (``K``, ``D/2``, ``4*D``), and a
+#: loop's literal step a tile (``BK``); what is left is numbers only the source writes:
+#: decode's SYCL host functions allocate its intermediates by bytes (``1024*B*T``), and
+#: on CUDA, ``w4a16`` tests each fragment's scale row against the extent ``K/32`` of
+#: ``scale: Tensor["K/32", "N"]``, whose group of 32 has no name.
 _NUMBERED = {
-    **{f"decode-{t}": _FIXED_SIZES for t in ("cuda-sm_80", "cuda-sm_90a", "hip-gfx90a",
-                                              "opencl-generic", "sycl-generic")},
-    **{f"quant_linear-{t}": _FIXED_SIZES for t in ("cuda-sm_80", "cuda-sm_90a", "hip-gfx90a",
-                                                    "opencl-generic", "sycl-generic")},
-}  # fmt: skip
+    "decode-sycl-generic": "the host functions' byte counts of intermediates",
+    **{f"quant_linear-{t}": "the group of K/32" for t in ("cuda-sm_80", "cuda-sm_90a")},
+}
 #: Where a CPU program writes a tile's extent: a loop bound, a row stride of a tile's
 #: element, the size of a fill or copy, a loaded tile's rows and columns.
 _CPU_EXTENT = re.compile(
@@ -224,8 +225,9 @@ def g(A: Tensor["M", "K", f32], B: Tensor["K", "N", f32]) -> Tensor["M", "N", f3
 @pytest.mark.parametrize("target", ["cpu", "opencl", "sycl", "cuda", "hip"])
 def test_offsets_name_the_tile_sizes_they_step_by(target: str) -> None:
     """``BM*pid_m`` and ``kb * BK``, with the sizes declared once per kernel; a number
-    that equals a tile size without being one (``M`` and ``K`` given by ``-D``) stays a
-    number."""
+    that equals a tile size without being one (``M`` and ``K`` given by ``-D``) is not
+    that tile: it stays a number, or, on the SIMT targets, the library gemm's own name
+    for the size its caller fixes (``K``, declared ``= 32``)."""
     source = tessera.compile(_SPECIALIZED_GEMM, target=target, defines={"M": 64, "K": 32})
     kernel = source.source.split("// ---- g")[1]
     for name, value in (("BM", 64), ("BN", 64), ("BK", 32)):
@@ -233,8 +235,59 @@ def test_offsets_name_the_tile_sizes_they_step_by(target: str) -> None:
         assert re.search(declared, kernel), name
     assert "BM*pid_m" in kernel and "BN*pid_n" in kernel and "BK*kb" in kernel
     assert not re.search(r"\b(64|32)\*(pid_[mn]|kb)\b", kernel)
-    assert re.search(r"kb \* BK < 32|ceil_div\(32, BK\)", kernel)  # K stays 32
-    assert re.search(r"(\(BM\*pid_m( \+ i)?\)|\brow) \* 32", kernel)  # the row stride K too
+    assert re.search(r"kb \* BK < (32|K)\b|ceil_div\(32, BK\)", kernel)  # K is not BK
+    if re.search(r"\bK\b", kernel):
+        assert re.search(r"(constexpr int K = 32;|enum { K = 32 };)", kernel)
+    assert re.search(r"(\(BM\*pid_m( \+ i)?\)|\brow) \* (32|K)\b", kernel)  # the row stride too
+
+
+#: A product whose inner and column sizes the source fixes, and a tile kernel that steps
+#: by a number.
+_FIXED_GEMM = """
+@kernel
+def fixed(A: Tensor["M", 96, f32], B: Tensor[96, 40, f32]) -> Tensor["M", 40, f32]:
+    return A @ B
+
+@kernel
+def stepped(x: Tensor["M", "K", f32], w: Tensor["K", "N", f32]) -> Tensor["M", "N", f32]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(x.shape[-1], 16):
+        acc += tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n))
+    return acc
+"""
+
+
+@pytest.mark.parametrize("target", ["opencl", "sycl", "cuda", "hip"])
+def test_sizes_the_source_fixes_keep_the_library_names(target: str) -> None:
+    """The library gemm over ``[M, 96] @ [96, 40]`` declares its ``K`` and ``N`` and
+    strides by them, and a ``tile.range_n`` step written as 16 is a tile, ``BK``: the
+    numbers stand once, in the declarations. The CPU program keeps the numbers."""
+    source = tessera.compile(_FIXED_GEMM, target=target).source
+    fixed, stepped = source.split("// ---- fixed")[1], source.split("// ---- stepped")[1]
+    for name, value in (("K", 96), ("N", 40)):
+        assert re.search(rf"(constexpr int {name} = {value};|enum {{ {name} = {value} }};)", fixed)
+        numbers = re.findall(rf"(?<![\w.]){value}(?![\w.])", re.sub(r"//.*", "", fixed))
+        assert len(numbers) == 1, (name, len(numbers))
+    assert re.search(r"\* N \+ BN\*pid_n", fixed) and re.search(r"kb \* BK < K", fixed)
+    assert re.search(r"(constexpr int BK = 16;|enum { BK = 16 };)", stepped)
+    assert "kb * BK < K" in stepped and not re.search(r"\b16\*kb\b", stepped)
+    cpu = tessera.compile(_FIXED_GEMM, target="cpu").source.split("// ---- fixed")[1]
+    assert not re.search(r"\b(K|N) = ", cpu)
+
+
+def test_a_product_over_fixed_sizes_runs_to_the_reference() -> None:
+    """The names are the numbers: the OpenCL program computes the same product (ragged:
+    37 rows, output poisoned first)."""
+    pytest.importorskip("pyopencl")
+    lib = tessera.compile(_FIXED_GEMM, target="opencl").load()
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((37, 96)).astype(np.float32)
+    b = rng.standard_normal((96, 40)).astype(np.float32)
+    for f in (lib.fixed, lib.stepped):
+        out = np.full((37, 40), np.nan, np.float32)
+        f(a, b, out=out)
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
 
 
 def test_tensors_loaded_for_a_graph_op_are_named_and_cite_its_line() -> None:

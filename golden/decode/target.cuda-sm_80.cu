@@ -159,6 +159,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k0(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -169,9 +170,9 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k0(const float* __restrict
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -191,12 +192,12 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k0(const float* __restrict
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -209,6 +210,8 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -224,72 +227,72 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -303,11 +306,11 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -315,30 +318,30 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -363,7 +366,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -376,22 +379,23 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k2(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -404,6 +408,8 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -419,72 +425,72 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -498,11 +504,11 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -510,30 +516,30 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -558,7 +564,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -571,22 +577,23 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k4(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -599,6 +606,8 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -614,72 +623,72 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -693,11 +702,11 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -705,30 +714,30 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -753,7 +762,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -765,16 +774,17 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k6(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -786,6 +796,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -796,9 +807,9 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -818,12 +829,12 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -836,6 +847,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -851,72 +864,72 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -930,11 +943,11 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -942,30 +955,30 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -990,7 +1003,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1003,22 +1016,23 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1031,6 +1045,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1046,72 +1062,72 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1125,11 +1141,11 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -1137,30 +1153,30 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1185,7 +1201,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1198,22 +1214,23 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1226,6 +1243,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1241,72 +1260,72 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1320,11 +1339,11 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -1332,30 +1351,30 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1380,7 +1399,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1392,16 +1411,17 @@ extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1414,23 +1434,24 @@ extern "C" __global__ void __launch_bounds__(256) project_k7(float* __restrict__
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:36: return q, cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (S) + (S) + pid_m) % (S);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -1453,6 +1474,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k0(const floa
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -1463,9 +1485,9 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k0(const floa
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -1485,12 +1507,12 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k0(const floa
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -1503,6 +1525,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1518,72 +1542,72 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1597,11 +1621,11 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -1609,30 +1633,30 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1657,7 +1681,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1671,22 +1695,23 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k2(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1699,6 +1724,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1714,72 +1741,72 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1793,11 +1820,11 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -1805,30 +1832,30 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1853,7 +1880,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1866,22 +1893,23 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k4(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1894,6 +1922,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1909,72 +1939,72 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1988,11 +2018,11 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -2000,30 +2030,30 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2048,7 +2078,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2060,16 +2090,17 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k6(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -2082,23 +2113,24 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k7(float* __r
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:47: return q, cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (6) + (6) + pid_m) % (6);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -2120,16 +2152,17 @@ extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t0[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (o[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t0[((pid_b0 * T + pid_b1) * R + row) * C + j] = (o[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -2143,6 +2176,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2158,72 +2193,72 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[i * 256 + BN*pid_n + j + q];
+              wo[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK + i) * 256 + BN*pid_n + j + q];
+              wo[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2237,11 +2272,11 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -2249,31 +2284,30 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : t0, bytes);
+              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wo + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2299,8 +2333,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -2313,6 +2347,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -2323,9 +2358,9 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -2345,12 +2380,12 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -2363,6 +2398,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2378,72 +2415,72 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[i * 512 + BN*pid_n + j + q];
+              wg[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK + i) * 512 + BN*pid_n + j + q];
+              wg[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2457,11 +2494,11 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -2469,30 +2506,30 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + 2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wg + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + 2*BK + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2518,7 +2555,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -2534,6 +2571,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2549,72 +2588,72 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[i * 512 + BN*pid_n + j + q];
+              wu[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK + i) * 512 + BN*pid_n + j + q];
+              wu[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2628,11 +2667,11 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -2640,30 +2679,30 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + 2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wu + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + 2*BK + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2689,8 +2728,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t4[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -2705,6 +2744,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2720,72 +2761,72 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[i * 256 + BN*pid_n + j + q];
+              wd[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK + i) * 256 + BN*pid_n + j + q];
+              wd[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2799,11 +2840,11 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 512) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -2811,31 +2852,30 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 2*BK + j) : t6, bytes);
+              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 2*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 512) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wd + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2861,8 +2901,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -2874,6 +2914,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k0(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -2884,9 +2925,9 @@ extern "C" __global__ void __launch_bounds__(128) step_k0(const float* __restric
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -2906,12 +2947,12 @@ extern "C" __global__ void __launch_bounds__(128) step_k0(const float* __restric
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
 }
 
@@ -2924,6 +2965,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2939,72 +2982,72 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3018,11 +3061,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -3030,30 +3073,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3078,7 +3121,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -3091,22 +3134,23 @@ extern "C" __global__ void __launch_bounds__(128) step_k2(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -3119,6 +3163,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3134,72 +3180,72 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3213,11 +3259,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -3225,30 +3271,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3273,7 +3319,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -3286,22 +3332,23 @@ extern "C" __global__ void __launch_bounds__(128) step_k4(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -3314,6 +3361,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3329,72 +3378,72 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3408,11 +3457,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -3420,30 +3469,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3468,7 +3517,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -3480,16 +3529,17 @@ extern "C" __global__ void __launch_bounds__(128) step_k6(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -3502,23 +3552,24 @@ extern "C" __global__ void __launch_bounds__(256) step_k7(float* __restrict__ ca
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:67: cache = cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (S) + (S) + pid_m) % (S);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -3560,6 +3611,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 64;
   constexpr int BD = 64;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3585,12 +3637,12 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < 2*T ? TSR_CHUNK_BYTES : 0;
       tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * 64 + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j + q] : 0;
+            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -3602,12 +3654,12 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
       if (cache_k_aligned) {
         const int bytes = i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_k + ((pid_b0 * S + i) * 64 + j) : cache_k, bytes);
+            bytes ? cache_k + ((pid_b0 * S + i) * D + j) : cache_k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < S ? cache_k[(pid_b0 * S + i) * 64 + j + q] : 0;
+              i < S ? cache_k[(pid_b0 * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -3620,12 +3672,12 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
       if (cache_v_aligned) {
         const int bytes = i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_v + ((pid_b0 * S + i) * 64 + j) : cache_v, bytes);
+            bytes ? cache_v + ((pid_b0 * S + i) * D + j) : cache_v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < S ? cache_v[(pid_b0 * S + i) * 64 + j + q] : 0;
+              i < S ? cache_v[(pid_b0 * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -3659,13 +3711,13 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
           const int bytes = BN*nblk + BN + i < S ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(k_tile_smem
               + (((nblk + 1) % 2 * BN + i) * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? cache_k + ((pid_b0 * S + BN*nblk + BN + i) * 64 + j) : cache_k, bytes);
+              bytes ? cache_k + ((pid_b0 * S + BN*nblk + BN + i) * D + j) : cache_k, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             k_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 4 ^ i % 8) * 4
                 + (j + q) % 4] = BN*nblk + BN + i < S
-                ? cache_k[(pid_b0 * S + BN*nblk + BN + i) * 64 + j + q] : 0;
+                ? cache_k[(pid_b0 * S + BN*nblk + BN + i) * D + j + q] : 0;
           }
         }
       }
@@ -3679,13 +3731,13 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
           const int bytes = BN*nblk + BN + i < S ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(v_tile_smem
               + (((nblk + 1) % 2 * BN + i) * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? cache_v + ((pid_b0 * S + BN*nblk + BN + i) * 64 + j) : cache_v, bytes);
+              bytes ? cache_v + ((pid_b0 * S + BN*nblk + BN + i) * D + j) : cache_v, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             v_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 4 ^ i % 8) * 4
                 + (j + q) % 4] = BN*nblk + BN + i < S
-                ? cache_v[(pid_b0 * S + BN*nblk + BN + i) * 64 + j + q] : 0;
+                ? cache_v[(pid_b0 * S + BN*nblk + BN + i) * D + j + q] : 0;
           }
         }
       }
@@ -3811,7 +3863,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
+      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * D + j] =
           ((l[r] > 0.0f) != 0.0f ? (acc[t] / l[r]) : 0.0f);
     }
   }
@@ -3824,16 +3876,18 @@ extern "C" __global__ void __launch_bounds__(128) step_k11(const float* __restri
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t13[((pid_b0 * T + pid_b1) * R + row) * C + j] =
+        (attended[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -3847,6 +3901,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3862,72 +3918,72 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[i * 256 + BN*pid_n + j + q];
+              wo[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK + i) * 256 + BN*pid_n + j + q];
+              wo[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3941,11 +3997,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -3953,31 +4009,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : t13, bytes);
+              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : t13, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wo + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4003,8 +4058,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -4017,6 +4072,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k13(const float* __restri
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -4027,9 +4083,9 @@ extern "C" __global__ void __launch_bounds__(128) step_k13(const float* __restri
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -4049,12 +4105,12 @@ extern "C" __global__ void __launch_bounds__(128) step_k13(const float* __restri
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
+    const long long j = e - i * C;
+    if (row < T) h_1[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
 }
 
@@ -4067,6 +4123,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4082,72 +4140,72 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[i * 512 + BN*pid_n + j + q];
+              wg[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK + i) * 512 + BN*pid_n + j + q];
+              wg[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4161,11 +4219,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -4173,31 +4231,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + 2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wg + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + 2*BK + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4223,7 +4280,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -4239,6 +4296,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4254,72 +4313,72 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[i * 512 + BN*pid_n + j + q];
+              wu[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK + i) * 512 + BN*pid_n + j + q];
+              wu[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4333,11 +4392,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -4345,31 +4404,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + 2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wu + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + 2*BK + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4395,8 +4453,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -4411,6 +4469,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4426,72 +4486,72 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[i * 256 + BN*pid_n + j + q];
+              wd[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK + i) * 256 + BN*pid_n + j + q];
+              wd[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4505,11 +4565,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 512) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -4517,31 +4577,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 2*BK + j) : t19, bytes);
+              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 2*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 512) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wd + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4567,8 +4626,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -4580,6 +4639,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k0(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -4590,9 +4650,9 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k0(const float* 
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -4612,12 +4672,12 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k0(const float* 
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
 }
 
@@ -4630,6 +4690,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4645,72 +4707,72 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4724,11 +4786,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -4736,30 +4798,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4784,7 +4846,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -4797,22 +4859,23 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k2(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -4825,6 +4888,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4840,72 +4905,72 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4919,11 +4984,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -4931,30 +4996,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4979,7 +5044,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -4992,22 +5057,23 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k4(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -5020,6 +5086,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -5035,72 +5103,72 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -5114,11 +5182,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -5126,30 +5194,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 2*BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5174,7 +5242,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -5186,16 +5254,17 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k6(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -5208,23 +5277,24 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k7(float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:82: cache = cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (6) + (6) + pid_m) % (6);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -5269,6 +5339,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
   constexpr int BM = 128;
   constexpr int BN = 64;
   constexpr int BD = 64;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -5294,12 +5365,12 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < 2*T ? TSR_CHUNK_BYTES : 0;
       tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * 64 + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j + q] : 0;
+            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -5311,12 +5382,12 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
       if (cache_k_aligned) {
         const int bytes = i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_k + ((pid_b0 * S + i) * 64 + j) : cache_k, bytes);
+            bytes ? cache_k + ((pid_b0 * S + i) * D + j) : cache_k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < S ? cache_k[(pid_b0 * S + i) * 64 + j + q] : 0;
+              i < S ? cache_k[(pid_b0 * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -5329,12 +5400,12 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
       if (cache_v_aligned) {
         const int bytes = i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_v + ((pid_b0 * S + i) * 64 + j) : cache_v, bytes);
+            bytes ? cache_v + ((pid_b0 * S + i) * D + j) : cache_v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              i < S ? cache_v[(pid_b0 * S + i) * 64 + j + q] : 0;
+              i < S ? cache_v[(pid_b0 * S + i) * D + j + q] : 0;
         }
       }
     }
@@ -5368,13 +5439,13 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
           const int bytes = BN*nblk + BN + i < S ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(k_tile_smem
               + (((nblk + 1) % 2 * BN + i) * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? cache_k + ((pid_b0 * S + BN*nblk + BN + i) * 64 + j) : cache_k, bytes);
+              bytes ? cache_k + ((pid_b0 * S + BN*nblk + BN + i) * D + j) : cache_k, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             k_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 4 ^ i % 8) * 4
                 + (j + q) % 4] = BN*nblk + BN + i < S
-                ? cache_k[(pid_b0 * S + BN*nblk + BN + i) * 64 + j + q] : 0;
+                ? cache_k[(pid_b0 * S + BN*nblk + BN + i) * D + j + q] : 0;
           }
         }
       }
@@ -5388,13 +5459,13 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
           const int bytes = BN*nblk + BN + i < S ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(v_tile_smem
               + (((nblk + 1) % 2 * BN + i) * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? cache_v + ((pid_b0 * S + BN*nblk + BN + i) * 64 + j) : cache_v, bytes);
+              bytes ? cache_v + ((pid_b0 * S + BN*nblk + BN + i) * D + j) : cache_v, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             v_tile_smem[((nblk + 1) % 2 * BN + i) * BD + ((j + q) / 4 ^ i % 8) * 4
                 + (j + q) % 4] = BN*nblk + BN + i < S
-                ? cache_v[(pid_b0 * S + BN*nblk + BN + i) * 64 + j + q] : 0;
+                ? cache_v[(pid_b0 * S + BN*nblk + BN + i) * D + j + q] : 0;
           }
         }
       }
@@ -5520,7 +5591,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
+      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * D + j] =
           ((l[r] > 0.0f) != 0.0f ? (acc[t] / l[r]) : 0.0f);
     }
   }
@@ -5534,16 +5605,18 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k11(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t13[((pid_b0 * T + pid_b1) * R + row) * C + j] =
+        (attended[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -5557,6 +5630,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -5572,72 +5647,72 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[i * 256 + BN*pid_n + j + q];
+              wo[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK + i) * 256 + BN*pid_n + j + q];
+              wo[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -5651,11 +5726,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -5663,31 +5738,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : t13, bytes);
+              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : t13, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wo + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5713,8 +5787,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -5727,6 +5801,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k13(const float*
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -5737,9 +5812,9 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k13(const float*
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -5759,12 +5834,12 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k13(const float*
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
+    const long long j = e - i * C;
+    if (row < T) h_1[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
 }
 
@@ -5777,6 +5852,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -5792,72 +5869,72 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[i * 512 + BN*pid_n + j + q];
+              wg[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK + i) * 512 + BN*pid_n + j + q];
+              wg[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -5871,11 +5948,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -5883,31 +5960,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + 2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wg + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + 2*BK + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5933,7 +6009,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -5949,6 +6025,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -5964,72 +6042,72 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[i * 512 + BN*pid_n + j + q];
+              wu[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK + i) * 512 + BN*pid_n + j + q];
+              wu[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -6043,11 +6121,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -6055,31 +6133,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 2*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 256) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + 2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wu + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + 2*BK + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -6105,8 +6182,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -6121,6 +6198,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -6136,72 +6215,72 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[i * 256 + BN*pid_n + j + q];
+              wd[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK + i) * 256 + BN*pid_n + j + q];
+              wd[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -6215,11 +6294,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < 512) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -6227,31 +6306,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 2) % 3 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 2*BK + j) : t19, bytes);
+              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 2) % 3 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 2*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 2*BK < 512) {
+    if (BK*kb + 2*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 2) % 3 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + 2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wd + (BK*kb + 2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 2) % 3 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + 2*BK + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + 2*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -6277,8 +6355,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }

@@ -159,6 +159,7 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k0(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -169,9 +170,9 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k0(const float* __restrict
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -191,12 +192,12 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k0(const float* __restrict
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -209,6 +210,8 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -224,108 +227,108 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wq[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -339,11 +342,11 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -351,30 +354,30 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -399,7 +402,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -412,22 +415,23 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k2(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -440,6 +444,8 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -455,108 +461,108 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(2*BK + i) * 128 + BN*pid_n + j + q];
+              wk[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -570,11 +576,11 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -582,30 +588,30 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -630,7 +636,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -643,22 +649,23 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k4(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -671,6 +678,8 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -686,108 +695,108 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(2*BK + i) * 128 + BN*pid_n + j + q];
+              wv[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -801,11 +810,11 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -813,30 +822,30 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -861,7 +870,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -873,16 +882,17 @@ extern "C" __global__ void __launch_bounds__(128) qkv_k6(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -894,6 +904,7 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -904,9 +915,9 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -926,12 +937,12 @@ extern "C" __global__ void __launch_bounds__(128) project_k0(const float* __rest
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -944,6 +955,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -959,108 +972,108 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wq[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1074,11 +1087,11 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -1086,30 +1099,30 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1134,7 +1147,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1147,22 +1160,23 @@ extern "C" __global__ void __launch_bounds__(128) project_k2(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1175,6 +1189,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1190,108 +1206,108 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(2*BK + i) * 128 + BN*pid_n + j + q];
+              wk[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1305,11 +1321,11 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -1317,30 +1333,30 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1365,7 +1381,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1378,22 +1394,23 @@ extern "C" __global__ void __launch_bounds__(128) project_k4(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1406,6 +1423,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1421,108 +1440,108 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(2*BK + i) * 128 + BN*pid_n + j + q];
+              wv[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1536,11 +1555,11 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -1548,30 +1567,30 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1596,7 +1615,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1608,16 +1627,17 @@ extern "C" __global__ void __launch_bounds__(128) project_k6(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1630,23 +1650,24 @@ extern "C" __global__ void __launch_bounds__(256) project_k7(float* __restrict__
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:36: return q, cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (S) + (S) + pid_m) % (S);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -1669,6 +1690,7 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k0(const floa
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -1679,9 +1701,9 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k0(const floa
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -1701,12 +1723,12 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k0(const floa
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -1719,6 +1741,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1734,108 +1758,108 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wq[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1849,11 +1873,11 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -1861,30 +1885,30 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1909,7 +1933,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1923,22 +1947,23 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k2(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1951,6 +1976,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1966,108 +1993,108 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(2*BK + i) * 128 + BN*pid_n + j + q];
+              wk[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2081,11 +2108,11 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -2093,30 +2120,30 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2141,7 +2168,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2154,22 +2181,23 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k4(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -2182,6 +2210,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2197,108 +2227,108 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(2*BK + i) * 128 + BN*pid_n + j + q];
+              wv[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2312,11 +2342,11 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -2324,30 +2354,30 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2372,7 +2402,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2384,16 +2414,17 @@ extern "C" __global__ void __launch_bounds__(128) project_windowed_k6(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -2406,23 +2437,24 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k7(float* __r
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:47: return q, cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (6) + (6) + pid_m) % (6);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -2444,16 +2476,17 @@ extern "C" __global__ void __launch_bounds__(128) finish_k0(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t0[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (o[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t0[((pid_b0 * T + pid_b1) * R + row) * C + j] = (o[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -2467,6 +2500,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2482,108 +2517,108 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[i * 256 + BN*pid_n + j + q];
+              wo[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK + i) * 256 + BN*pid_n + j + q];
+              wo[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wo[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2597,11 +2632,11 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -2609,31 +2644,30 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : t0, bytes);
+              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wo + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2659,8 +2693,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -2673,6 +2707,7 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -2683,9 +2718,9 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -2705,12 +2740,12 @@ extern "C" __global__ void __launch_bounds__(128) finish_k2(const float* __restr
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -2723,6 +2758,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2738,108 +2775,108 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[i * 512 + BN*pid_n + j + q];
+              wg[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK + i) * 512 + BN*pid_n + j + q];
+              wg[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(2*BK + i) * 512 + BN*pid_n + j + q];
+              wg[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2853,11 +2890,11 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -2865,30 +2902,30 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + 3*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wg + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + 3*BK + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2914,7 +2951,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -2930,6 +2967,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2945,108 +2984,108 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[i * 512 + BN*pid_n + j + q];
+              wu[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK + i) * 512 + BN*pid_n + j + q];
+              wu[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(2*BK + i) * 512 + BN*pid_n + j + q];
+              wu[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3060,11 +3099,11 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -3072,30 +3111,30 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + 3*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wu + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + 3*BK + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3121,8 +3160,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t4[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -3137,6 +3176,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3152,108 +3193,108 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[i * 256 + BN*pid_n + j + q];
+              wd[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK + i) * 256 + BN*pid_n + j + q];
+              wd[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 512) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + 2*BK + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 512) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wd[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3267,11 +3308,11 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 512) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -3279,31 +3320,30 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 3*BK + j) : t6, bytes);
+              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 3*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 512) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wd + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3329,8 +3369,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -3342,6 +3382,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k0(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -3352,9 +3393,9 @@ extern "C" __global__ void __launch_bounds__(128) step_k0(const float* __restric
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -3374,12 +3415,12 @@ extern "C" __global__ void __launch_bounds__(128) step_k0(const float* __restric
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
 }
 
@@ -3392,6 +3433,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3407,108 +3450,108 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wq[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3522,11 +3565,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -3534,30 +3577,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3582,7 +3625,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -3595,22 +3638,23 @@ extern "C" __global__ void __launch_bounds__(128) step_k2(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -3623,6 +3667,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3638,108 +3684,108 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(2*BK + i) * 128 + BN*pid_n + j + q];
+              wk[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3753,11 +3799,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -3765,30 +3811,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3813,7 +3859,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -3826,22 +3872,23 @@ extern "C" __global__ void __launch_bounds__(128) step_k4(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -3854,6 +3901,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3869,108 +3918,108 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(2*BK + i) * 128 + BN*pid_n + j + q];
+              wv[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3984,11 +4033,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -3996,30 +4045,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4044,7 +4093,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -4056,16 +4105,17 @@ extern "C" __global__ void __launch_bounds__(128) step_k6(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -4078,23 +4128,24 @@ extern "C" __global__ void __launch_bounds__(256) step_k7(float* __restrict__ ca
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:67: cache = cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (S) + (S) + pid_m) % (S);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -4136,6 +4187,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BD = 64;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4161,12 +4213,12 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < 2*T ? TSR_CHUNK_BYTES : 0;
       tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * 64 + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j + q] : 0;
+            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -4195,12 +4247,12 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
       if (cache_k_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_k, bytes);
+            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -4211,12 +4263,12 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
       if (cache_v_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_v, bytes);
+            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -4339,7 +4391,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
+      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * D + j] =
           ((l[r] > 0.0f) != 0.0f ? (acc[t] / l[r]) : 0.0f);
     }
   }
@@ -4352,16 +4404,18 @@ extern "C" __global__ void __launch_bounds__(128) step_k11(const float* __restri
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t13[((pid_b0 * T + pid_b1) * R + row) * C + j] =
+        (attended[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -4375,6 +4429,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4390,108 +4446,108 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[i * 256 + BN*pid_n + j + q];
+              wo[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK + i) * 256 + BN*pid_n + j + q];
+              wo[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wo[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4505,11 +4561,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -4517,31 +4573,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : t13, bytes);
+              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : t13, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wo + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4567,8 +4622,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -4581,6 +4636,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k13(const float* __restri
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -4591,9 +4647,9 @@ extern "C" __global__ void __launch_bounds__(128) step_k13(const float* __restri
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -4613,12 +4669,12 @@ extern "C" __global__ void __launch_bounds__(128) step_k13(const float* __restri
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
+    const long long j = e - i * C;
+    if (row < T) h_1[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
 }
 
@@ -4631,6 +4687,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4646,108 +4704,108 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[i * 512 + BN*pid_n + j + q];
+              wg[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK + i) * 512 + BN*pid_n + j + q];
+              wg[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(2*BK + i) * 512 + BN*pid_n + j + q];
+              wg[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4761,11 +4819,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -4773,31 +4831,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + 3*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wg + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + 3*BK + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4823,7 +4880,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -4839,6 +4896,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4854,108 +4913,108 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[i * 512 + BN*pid_n + j + q];
+              wu[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK + i) * 512 + BN*pid_n + j + q];
+              wu[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(2*BK + i) * 512 + BN*pid_n + j + q];
+              wu[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4969,11 +5028,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -4981,31 +5040,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + 3*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wu + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + 3*BK + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5031,8 +5089,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -5047,6 +5105,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -5062,108 +5122,108 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[i * 256 + BN*pid_n + j + q];
+              wd[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK + i) * 256 + BN*pid_n + j + q];
+              wd[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 512) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + 2*BK + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 512) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wd[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -5177,11 +5237,11 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 512) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -5189,31 +5249,30 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 3*BK + j) : t19, bytes);
+              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 3*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 512) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wd + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5239,8 +5298,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -5252,6 +5311,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k0(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -5262,9 +5322,9 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k0(const float* 
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -5284,12 +5344,12 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k0(const float* 
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
 }
 
@@ -5302,6 +5362,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -5317,108 +5379,108 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK + i) * 256 + BN*pid_n + j + q];
+              wq[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wq[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -5432,11 +5494,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -5444,30 +5506,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5492,7 +5554,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -5505,22 +5567,23 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k2(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -5533,6 +5596,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -5548,108 +5613,108 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK + i) * 128 + BN*pid_n + j + q];
+              wk[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(2*BK + i) * 128 + BN*pid_n + j + q];
+              wk[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -5663,11 +5728,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -5675,30 +5740,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5723,7 +5788,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -5736,22 +5801,23 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k4(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -5764,6 +5830,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -5779,108 +5847,108 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK + i) * 128 + BN*pid_n + j + q];
+              wv[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (2*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(2*BK + i) * 128 + BN*pid_n + j + q];
+              wv[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -5894,11 +5962,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -5906,30 +5974,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + 3*BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + 3*BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5954,7 +6022,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -5966,16 +6034,17 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k6(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -5988,23 +6057,24 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k7(float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:82: cache = cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (6) + (6) + pid_m) % (6);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -6049,6 +6119,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BD = 64;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -6074,12 +6145,12 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < 2*T ? TSR_CHUNK_BYTES : 0;
       tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * 64 + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j + q] : 0;
+            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -6108,12 +6179,12 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
       if (cache_k_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_k, bytes);
+            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -6124,12 +6195,12 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
       if (cache_v_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_v, bytes);
+            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -6252,7 +6323,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
+      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * D + j] =
           ((l[r] > 0.0f) != 0.0f ? (acc[t] / l[r]) : 0.0f);
     }
   }
@@ -6266,16 +6337,18 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k11(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t13[((pid_b0 * T + pid_b1) * R + row) * C + j] =
+        (attended[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -6289,6 +6362,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -6304,108 +6379,108 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[i * 256 + BN*pid_n + j + q];
+              wo[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK + i) * 256 + BN*pid_n + j + q];
+              wo[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wo[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -6419,11 +6494,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -6431,31 +6506,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : t13, bytes);
+              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : t13, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wo + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -6481,8 +6555,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -6495,6 +6569,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k13(const float*
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -6505,9 +6580,9 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k13(const float*
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -6527,12 +6602,12 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k13(const float*
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
+    const long long j = e - i * C;
+    if (row < T) h_1[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
 }
 
@@ -6545,6 +6620,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -6560,108 +6637,108 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[i * 512 + BN*pid_n + j + q];
+              wg[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK + i) * 512 + BN*pid_n + j + q];
+              wg[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(2*BK + i) * 512 + BN*pid_n + j + q];
+              wg[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -6675,11 +6752,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -6687,31 +6764,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + 3*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wg + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + 3*BK + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -6737,7 +6813,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -6753,6 +6829,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -6768,108 +6846,108 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[i * 512 + BN*pid_n + j + q];
+              wu[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 256) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK + i) * 512 + BN*pid_n + j + q];
+              wu[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 256) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (2*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(2*BK + i) * 512 + BN*pid_n + j + q];
+              wu[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -6883,11 +6961,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -6895,31 +6973,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + 3*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 256) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + 3*BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wu + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + 3*BK + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -6945,8 +7022,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -6961,6 +7038,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 32;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -6976,108 +7055,108 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + (i * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[i * 256 + BN*pid_n + j + q];
+              wd[i * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((1 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(1 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (BK < 512) {
+  if (BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + ((1 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(1 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK + i) * 256 + BN*pid_n + j + q];
+              wd[(BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
   }
   tsr_copy_commit();
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (2*BK < 512) {
+  if (2*BK < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(a_tile_smem + ((2 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + 2*BK + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + 2*BK + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[(2 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + 2*BK + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (2*BK < 512) {
+  if (2*BK < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy_async16(b_tile_smem + ((2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (2*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (2*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[(2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(2*BK + i) * 256 + BN*pid_n + j + q];
+              wd[(2*BK + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -7091,11 +7170,11 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + 3*BK < 512) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
@@ -7103,31 +7182,30 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(a_tile_smem
               + (((kb + 3) % 4 * BM + i) * BK + (j / 4 ^ i % 8) * 4 + j % 4),
-              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 3*BK + j) : t19, bytes);
+              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 3) % 4 * BM + i) * BK + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + 3*BK + j + q]
-                : 0;
+                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + 3*BK < 512) {
+    if (BK*kb + 3*BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy_async16(b_tile_smem
               + (((kb + 3) % 4 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + 3*BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wd + (BK*kb + 3*BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 3) % 4 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + 3*BK + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -7153,8 +7231,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
     for (int c = 0; c < 8; ++c) {
       const int j = tx + c * TX;
       const int t = r * 8 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }

@@ -150,6 +150,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k0(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -160,9 +161,9 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k0(const float* __restrict
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -182,12 +183,12 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k0(const float* __restrict
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -200,6 +201,8 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -214,36 +217,36 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -258,39 +261,39 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -328,7 +331,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k1(const float* __restrict
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -341,22 +344,23 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k2(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -369,6 +373,8 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -383,36 +389,36 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -427,39 +433,39 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -497,7 +503,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k3(const float* __restrict
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -510,22 +516,23 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k4(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -538,6 +545,8 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -552,36 +561,36 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -596,39 +605,39 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -666,7 +675,7 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k5(const float* __restrict
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -678,16 +687,17 @@ extern "C" __global__ void __launch_bounds__(256) qkv_k6(const float* __restrict
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -699,6 +709,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -709,9 +720,9 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -731,12 +742,12 @@ extern "C" __global__ void __launch_bounds__(256) project_k0(const float* __rest
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -749,6 +760,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -763,36 +776,36 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -807,39 +820,39 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -877,7 +890,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k1(const float* __rest
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -890,22 +903,23 @@ extern "C" __global__ void __launch_bounds__(256) project_k2(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -918,6 +932,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -932,36 +948,36 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -976,39 +992,39 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1046,7 +1062,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k3(const float* __rest
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1059,22 +1075,23 @@ extern "C" __global__ void __launch_bounds__(256) project_k4(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1087,6 +1104,8 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -1101,36 +1120,36 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1145,39 +1164,39 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1215,7 +1234,7 @@ extern "C" __global__ void __launch_bounds__(256) project_k5(const float* __rest
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1227,16 +1246,17 @@ extern "C" __global__ void __launch_bounds__(256) project_k6(const float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1249,23 +1269,24 @@ extern "C" __global__ void __launch_bounds__(512) project_k7(float* __restrict__
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:36: return q, cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (S) + (S) + pid_m) % (S);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -1288,6 +1309,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k0(const floa
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -1298,9 +1320,9 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k0(const floa
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -1320,12 +1342,12 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k0(const floa
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -1338,6 +1360,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -1352,36 +1376,36 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1396,39 +1420,39 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1466,7 +1490,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k1(const floa
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1480,22 +1504,23 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k2(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1508,6 +1533,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -1522,36 +1549,36 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1566,39 +1593,39 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1636,7 +1663,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k3(const floa
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1649,22 +1676,23 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k4(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1677,6 +1705,8 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -1691,36 +1721,36 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1735,39 +1765,39 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -1805,7 +1835,7 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k5(const floa
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1817,16 +1847,17 @@ extern "C" __global__ void __launch_bounds__(256) project_windowed_k6(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1839,23 +1870,24 @@ extern "C" __global__ void __launch_bounds__(512) project_windowed_k7(float* __r
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:47: return q, cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (6) + (6) + pid_m) % (6);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -1877,16 +1909,17 @@ extern "C" __global__ void __launch_bounds__(256) finish_k0(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t0[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (o[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t0[((pid_b0 * T + pid_b1) * R + row) * C + j] = (o[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -1900,6 +1933,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -1914,36 +1949,36 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t0, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[i * 256 + BN*pid_n + j + q];
+              wo[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1958,39 +1993,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (t0_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : t0, bytes);
+              bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : t0, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wo + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2029,8 +2064,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k1(const float* __restr
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -2043,6 +2078,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -2053,9 +2089,9 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -2075,12 +2111,12 @@ extern "C" __global__ void __launch_bounds__(256) finish_k2(const float* __restr
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -2093,6 +2129,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -2107,36 +2145,36 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[i * 512 + BN*pid_n + j + q];
+              wg[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2151,39 +2189,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wg + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + BK + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2222,7 +2260,7 @@ extern "C" __global__ void __launch_bounds__(256) finish_k3(const float* __restr
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -2238,6 +2276,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -2252,36 +2292,36 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[i * 512 + BN*pid_n + j + q];
+              wu[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2296,39 +2336,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wu + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + BK + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2367,8 +2407,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k4(const float* __restr
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t4[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -2383,6 +2423,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -2397,36 +2439,36 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t6, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[i * 256 + BN*pid_n + j + q];
+              wd[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2441,39 +2483,39 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 512) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (t6_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j) : t6, bytes);
+              bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : t6, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 512) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wd + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2512,8 +2554,8 @@ extern "C" __global__ void __launch_bounds__(256) finish_k5(const float* __restr
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -2525,6 +2567,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k0(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -2535,9 +2578,9 @@ extern "C" __global__ void __launch_bounds__(256) step_k0(const float* __restric
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -2557,12 +2600,12 @@ extern "C" __global__ void __launch_bounds__(256) step_k0(const float* __restric
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
 }
 
@@ -2575,6 +2618,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -2589,36 +2634,36 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2633,39 +2678,39 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2703,7 +2748,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k1(const float* __restric
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2716,22 +2761,23 @@ extern "C" __global__ void __launch_bounds__(256) step_k2(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -2744,6 +2790,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -2758,36 +2806,36 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2802,39 +2850,39 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -2872,7 +2920,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k3(const float* __restric
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2885,22 +2933,23 @@ extern "C" __global__ void __launch_bounds__(256) step_k4(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -2913,6 +2962,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -2927,36 +2978,36 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2971,39 +3022,39 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3041,7 +3092,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k5(const float* __restric
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -3053,16 +3104,17 @@ extern "C" __global__ void __launch_bounds__(256) step_k6(const float* __restric
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -3075,23 +3127,24 @@ extern "C" __global__ void __launch_bounds__(512) step_k7(float* __restrict__ ca
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:67: cache = cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (S) + (S) + pid_m) % (S);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -3133,6 +3186,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
   constexpr int BM = 64;
   constexpr int BN = 32;
   constexpr int BD = 64;
+  constexpr int D = 64;
   constexpr int THREADS = 2*TSR_WARP_SIZE;
   constexpr int WARP_M = 32;
   constexpr int MMA_K = 2;
@@ -3155,12 +3209,12 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < 2*T ? TSR_CHUNK_BYTES : 0;
       tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * 64 + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j + q] : 0;
+            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -3195,12 +3249,12 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       if (cache_k_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_k, bytes);
+            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -3211,12 +3265,12 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       if (cache_v_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_v, bytes);
+            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -3347,7 +3401,7 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
       const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
+      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * D + j] =
           ((l[reg] > 0.0f) != 0.0f ? (acc[t] / l[reg]) : 0.0f);
     }
   }
@@ -3360,16 +3414,18 @@ extern "C" __global__ void __launch_bounds__(256) step_k11(const float* __restri
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t13[((pid_b0 * T + pid_b1) * R + row) * C + j] =
+        (attended[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -3383,6 +3439,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -3397,36 +3455,36 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[i * 256 + BN*pid_n + j + q];
+              wo[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3441,39 +3499,39 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (t13_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : t13, bytes);
+              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : t13, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wo + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3512,8 +3570,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k12(const float* __restri
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -3526,6 +3584,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k13(const float* __restri
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -3536,9 +3595,9 @@ extern "C" __global__ void __launch_bounds__(256) step_k13(const float* __restri
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -3558,12 +3617,12 @@ extern "C" __global__ void __launch_bounds__(256) step_k13(const float* __restri
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
+    const long long j = e - i * C;
+    if (row < T) h_1[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
 }
 
@@ -3576,6 +3635,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -3590,36 +3651,36 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[i * 512 + BN*pid_n + j + q];
+              wg[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3634,39 +3695,39 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wg + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + BK + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3705,7 +3766,7 @@ extern "C" __global__ void __launch_bounds__(256) step_k14(const float* __restri
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -3721,6 +3782,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -3735,36 +3798,36 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[i * 512 + BN*pid_n + j + q];
+              wu[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3779,39 +3842,39 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wu + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + BK + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3850,8 +3913,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k15(const float* __restri
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -3866,6 +3929,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -3880,36 +3945,36 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[i * 256 + BN*pid_n + j + q];
+              wd[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3924,39 +3989,39 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 512) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (t19_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j) : t19, bytes);
+              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 512) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wd + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -3995,8 +4060,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k16(const float* __restri
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -4008,6 +4073,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k0(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -4018,9 +4084,9 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k0(const float* 
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -4040,12 +4106,12 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k0(const float* 
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
 }
 
@@ -4058,6 +4124,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -4072,36 +4140,36 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[i * 256 + BN*pid_n + j + q];
+              wq[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4116,39 +4184,39 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wq_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wq + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wq + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wq[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wq[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4186,7 +4254,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k1(const float* 
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -4199,22 +4267,23 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k2(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -4227,6 +4296,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -4241,36 +4312,36 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[i * 128 + BN*pid_n + j + q];
+              wk[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4285,39 +4356,39 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wk_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wk + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wk + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wk[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
+                wk[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4355,7 +4426,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k3(const float* 
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -4368,22 +4439,23 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k4(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -4396,6 +4468,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -4410,36 +4484,36 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + j) : h, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + i * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[i * 128 + BN*pid_n + j + q];
+              wv[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4454,39 +4528,39 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h, bytes);
+              bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wv_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wv + (BK*kb + BK + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wv + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wv[(BK*kb + BK + i) * 128 + BN*pid_n + j + q];
+                wv[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4524,7 +4598,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k5(const float* 
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -4536,16 +4610,17 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k6(const float* 
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -4558,23 +4633,24 @@ extern "C" __global__ void __launch_bounds__(512) step_windowed_k7(float* __rest
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
   // decode.tsr:82: cache = cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (6) + (6) + pid_m) % (6);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -4619,6 +4695,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
   constexpr int BM = 64;
   constexpr int BN = 32;
   constexpr int BD = 64;
+  constexpr int D = 64;
   constexpr int THREADS = 2*TSR_WARP_SIZE;
   constexpr int WARP_M = 32;
   constexpr int MMA_K = 2;
@@ -4641,12 +4718,12 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < 2*T ? TSR_CHUNK_BYTES : 0;
       tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * 64 + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       #pragma unroll
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j + q] : 0;
+            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -4681,12 +4758,12 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       if (cache_k_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_k, bytes);
+            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_k, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -4697,12 +4774,12 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       if (cache_v_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_v, bytes);
+            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_v, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -4833,7 +4910,7 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
       const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = frag % (BD / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
+      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * D + j] =
           ((l[reg] > 0.0f) != 0.0f ? (acc[t] / l[reg]) : 0.0f);
     }
   }
@@ -4847,16 +4924,18 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k11(
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
   const long long pid_b1 = blockIdx.z;
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t13[((pid_b0 * T + pid_b1) * R + row) * C + j] =
+        (attended[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -4870,6 +4949,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -4884,36 +4965,36 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t13, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[i * 256 + BN*pid_n + j + q];
+              wo[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4928,39 +5009,39 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (t13_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : t13, bytes);
+              bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : t13, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wo_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wo + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wo + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wo[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wo[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -4999,8 +5080,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k12(const float*
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -5013,6 +5094,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k13(const float*
   const int lid = (int)threadIdx.x;
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   __shared__ float tsr_scratch[THREADS];
   const long long pid_m = blockIdx.x;
@@ -5023,9 +5105,9 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k13(const float*
   #pragma unroll
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -5045,12 +5127,12 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k13(const float*
     rsqrt_mean_square_eps[e] = rsqrtf(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
+    const long long j = e - i * C;
+    if (row < T) h_1[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
 }
 
@@ -5063,6 +5145,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -5077,36 +5161,36 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[i * 512 + BN*pid_n + j + q];
+              wg[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -5121,39 +5205,39 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wg_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wg + (BK*kb + BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wg + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wg[(BK*kb + BK + i) * 512 + BN*pid_n + j + q];
+                wg[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5192,7 +5276,7 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k14(const float*
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -5208,6 +5292,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -5222,36 +5308,36 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + j) : h_1, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 256) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + i * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[i * 512 + BN*pid_n + j + q];
+              wu[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -5266,39 +5352,39 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (h_1_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j) : h_1, bytes);
+              bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : h_1, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 256) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wu_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wu + (BK*kb + BK + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wu + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wu[(BK*kb + BK + i) * 512 + BN*pid_n + j + q];
+                wu[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5337,8 +5423,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k15(const float*
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -5353,6 +5439,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
   constexpr int BM = 128;
   constexpr int BN = 128;
   constexpr int BK = 16;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -5367,36 +5455,36 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
   const long long pid_m = blockIdx.y;
   const long long pid_b0 = blockIdx.z;
   // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
       const int i = e / (BK / 4);
       const int j = e % (BK / 4) * 4;
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + j) : t19, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < 512) {
+  if (0 < K) {
     for (int e = lid; e < BK*BN / 4; e += THREADS) {
       const int i = e / (BN / 4);
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + i * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + i * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         #pragma unroll
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[i * 256 + BN*pid_n + j + q];
+              wd[i * N + BN*pid_n + j + q];
         }
       }
     }
@@ -5411,39 +5499,39 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    if (BK*kb + BK < 512) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 4; e += THREADS) {
         const int i = e / (BK / 4);
         const int j = e % (BK / 4) * 4;
         if (t19_aligned) {
           const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j) : t19, bytes);
+              bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j) : t19, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + BK + j + q] : 0;
+                BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < 512) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BK*BN / 4; e += THREADS) {
         const int i = e / (BN / 4);
         const int j = e % (BN / 4) * 4;
         if (wd_aligned) {
           tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-              wd + (BK*kb + BK + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+              wd + (BK*kb + BK + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
         } else {
           #pragma unroll
           for (int q = 0; q < 4; ++q) {
             b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-                wd[(BK*kb + BK + i) * 256 + BN*pid_n + j + q];
+                wd[(BK*kb + BK + i) * N + BN*pid_n + j + q];
           }
         }
       }
@@ -5482,8 +5570,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k16(const float*
           + lane / TSR_MMA_N * 4 + reg % 4;
       const int j = wave % 2 * WARP_N + frag % (WARP_N / TSR_MMA_N) * TSR_MMA_N + lane % TSR_MMA_N;
       const int t = frag * TSR_MMA_REGS + reg;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }

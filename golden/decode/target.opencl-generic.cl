@@ -139,6 +139,7 @@ void qkv_k0(__global const float* restrict x, __global const float* restrict nor
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
@@ -148,9 +149,9 @@ void qkv_k0(__global const float* restrict x, __global const float* restrict nor
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -167,12 +168,12 @@ void qkv_k0(__global const float* restrict x, __global const float* restrict nor
     rsqrt_mean_square_eps[e] = rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 256*BM; e += THREADS) {
-    const long i = e / 256;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -186,6 +187,8 @@ void qkv_k1(__global const float* restrict h, __global const float* restrict wq,
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -207,7 +210,7 @@ void qkv_k1(__global const float* restrict h, __global const float* restrict wq,
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -216,11 +219,11 @@ void qkv_k1(__global const float* restrict h, __global const float* restrict wq,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -230,11 +233,11 @@ void qkv_k1(__global const float* restrict h, __global const float* restrict wq,
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wq[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -256,7 +259,7 @@ void qkv_k1(__global const float* restrict h, __global const float* restrict wq,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -270,22 +273,23 @@ void qkv_k2(__global const float* restrict t0, __global const float* restrict co
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*D; e += THREADS) {
+    const long i = e / D;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long j = e - i * D;
+    const long col = D*pid_b1 + j;
+    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -299,6 +303,8 @@ void qkv_k3(__global const float* restrict h, __global const float* restrict wk,
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 128 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -320,7 +326,7 @@ void qkv_k3(__global const float* restrict h, __global const float* restrict wk,
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -329,11 +335,11 @@ void qkv_k3(__global const float* restrict h, __global const float* restrict wk,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -343,11 +349,11 @@ void qkv_k3(__global const float* restrict h, __global const float* restrict wk,
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wk[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -369,7 +375,7 @@ void qkv_k3(__global const float* restrict h, __global const float* restrict wk,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -383,22 +389,23 @@ void qkv_k4(__global const float* restrict t3, __global const float* restrict co
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*D; e += THREADS) {
+    const long i = e / D;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long j = e - i * D;
+    const long col = D*pid_b1 + j;
+    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -412,6 +419,8 @@ void qkv_k5(__global const float* restrict h, __global const float* restrict wv,
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 128 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -433,7 +442,7 @@ void qkv_k5(__global const float* restrict h, __global const float* restrict wv,
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -442,11 +451,11 @@ void qkv_k5(__global const float* restrict h, __global const float* restrict wv,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -456,11 +465,11 @@ void qkv_k5(__global const float* restrict h, __global const float* restrict wv,
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wv[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -482,7 +491,7 @@ void qkv_k5(__global const float* restrict h, __global const float* restrict wv,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -495,16 +504,17 @@ void qkv_k6(__global const float* restrict t6, __global float* restrict out2, co
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long j = e - i * C;
+    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -516,6 +526,7 @@ void project_k0(__global const float* restrict x, __global const float* restrict
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
@@ -525,9 +536,9 @@ void project_k0(__global const float* restrict x, __global const float* restrict
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -544,12 +555,12 @@ void project_k0(__global const float* restrict x, __global const float* restrict
     rsqrt_mean_square_eps[e] = rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 256*BM; e += THREADS) {
-    const long i = e / 256;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -563,6 +574,8 @@ void project_k1(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -584,7 +597,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -593,11 +606,11 @@ void project_k1(__global const float* restrict h, __global const float* restrict
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -607,11 +620,11 @@ void project_k1(__global const float* restrict h, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wq[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -633,7 +646,7 @@ void project_k1(__global const float* restrict h, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -647,22 +660,23 @@ void project_k2(__global const float* restrict t0, __global const float* restric
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*D; e += THREADS) {
+    const long i = e / D;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long j = e - i * D;
+    const long col = D*pid_b1 + j;
+    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -676,6 +690,8 @@ void project_k3(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 128 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -697,7 +713,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -706,11 +722,11 @@ void project_k3(__global const float* restrict h, __global const float* restrict
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -720,11 +736,11 @@ void project_k3(__global const float* restrict h, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wk[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -746,7 +762,7 @@ void project_k3(__global const float* restrict h, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -759,22 +775,23 @@ void project_k4(__global const float* restrict t3, __global const float* restric
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*D; e += THREADS) {
+    const long i = e / D;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long j = e - i * D;
+    const long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -788,6 +805,8 @@ void project_k5(__global const float* restrict h, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 128 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -809,7 +828,7 @@ void project_k5(__global const float* restrict h, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -818,11 +837,11 @@ void project_k5(__global const float* restrict h, __global const float* restrict
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -832,11 +851,11 @@ void project_k5(__global const float* restrict h, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wv[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -858,7 +877,7 @@ void project_k5(__global const float* restrict h, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -871,16 +890,17 @@ void project_k6(__global const float* restrict t6, __global float* restrict v, c
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -893,23 +913,24 @@ void project_k7(__global float* restrict cache_k, __global float* restrict cache
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 1 };
+  enum { D = 64 };
   enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // decode.tsr:36: return q, cache.append(k, v)
   const long slot = (cache_lengths[pid_b0] % (S) + (S) + pid_m) % (S);
-  for (long e = lid; e < 64; e += THREADS) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long e = lid; e < D; e += THREADS) {
+    const long i = e / D;
+    const long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long e = lid; e < 64; e += THREADS) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long e = lid; e < D; e += THREADS) {
+    const long i = e / D;
+    const long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -932,6 +953,7 @@ void project_windowed_k0(__global const float* restrict x, __global const float*
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
@@ -941,9 +963,9 @@ void project_windowed_k0(__global const float* restrict x, __global const float*
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -960,12 +982,12 @@ void project_windowed_k0(__global const float* restrict x, __global const float*
     rsqrt_mean_square_eps[e] = rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 256*BM; e += THREADS) {
-    const long i = e / 256;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -979,6 +1001,8 @@ void project_windowed_k1(__global const float* restrict h, __global const float*
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -1000,7 +1024,7 @@ void project_windowed_k1(__global const float* restrict h, __global const float*
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1009,11 +1033,11 @@ void project_windowed_k1(__global const float* restrict h, __global const float*
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1023,11 +1047,11 @@ void project_windowed_k1(__global const float* restrict h, __global const float*
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wq[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1049,7 +1073,7 @@ void project_windowed_k1(__global const float* restrict h, __global const float*
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1063,22 +1087,23 @@ void project_windowed_k2(__global const float* restrict t0, __global const float
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*D; e += THREADS) {
+    const long i = e / D;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long j = e - i * D;
+    const long col = D*pid_b1 + j;
+    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1092,6 +1117,8 @@ void project_windowed_k3(__global const float* restrict h, __global const float*
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 128 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -1113,7 +1140,7 @@ void project_windowed_k3(__global const float* restrict h, __global const float*
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1122,11 +1149,11 @@ void project_windowed_k3(__global const float* restrict h, __global const float*
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1136,11 +1163,11 @@ void project_windowed_k3(__global const float* restrict h, __global const float*
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wk[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1162,7 +1189,7 @@ void project_windowed_k3(__global const float* restrict h, __global const float*
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1175,22 +1202,23 @@ void project_windowed_k4(__global const float* restrict t3, __global const float
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*D; e += THREADS) {
+    const long i = e / D;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long j = e - i * D;
+    const long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1204,6 +1232,8 @@ void project_windowed_k5(__global const float* restrict h, __global const float*
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 128 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -1225,7 +1255,7 @@ void project_windowed_k5(__global const float* restrict h, __global const float*
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1234,11 +1264,11 @@ void project_windowed_k5(__global const float* restrict h, __global const float*
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1248,11 +1278,11 @@ void project_windowed_k5(__global const float* restrict h, __global const float*
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wv[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1274,7 +1304,7 @@ void project_windowed_k5(__global const float* restrict h, __global const float*
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1287,16 +1317,17 @@ void project_windowed_k6(__global const float* restrict t6, __global float* rest
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1309,23 +1340,24 @@ void project_windowed_k7(__global float* restrict cache_k, __global float* restr
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 1 };
+  enum { D = 64 };
   enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // decode.tsr:47: return q, cache.append(k, v)
   const long slot = (cache_lengths[pid_b0] % (6) + (6) + pid_m) % (6);
-  for (long e = lid; e < 64; e += THREADS) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long e = lid; e < D; e += THREADS) {
+    const long i = e / D;
+    const long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long e = lid; e < 64; e += THREADS) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long e = lid; e < D; e += THREADS) {
+    const long i = e / D;
+    const long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -1348,16 +1380,17 @@ void finish_k0(__global const float* restrict o, __global float* restrict t0, co
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 64 };
+  enum { R = 4 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    t0[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (o[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long j = e - i * C;
+    t0[((pid_b0 * T + pid_b1) * R + row) * C + j] = (o[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -1371,6 +1404,8 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -1392,7 +1427,7 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1401,11 +1436,11 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t0, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1415,11 +1450,11 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wo[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1442,8 +1477,8 @@ void finish_k1(__global const float* restrict t0, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -1456,6 +1491,7 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
@@ -1465,9 +1501,9 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -1484,12 +1520,12 @@ void finish_k2(__global const float* restrict x_1, __global const float* restric
     rsqrt_mean_square_eps[e] = rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 256*BM; e += THREADS) {
-    const long i = e / 256;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -1503,6 +1539,8 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 512 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -1524,7 +1562,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1533,11 +1571,11 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1547,11 +1585,11 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wg[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1574,7 +1612,7 @@ void finish_k3(__global const float* restrict h, __global const float* restrict 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -1590,6 +1628,8 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 512 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -1611,7 +1651,7 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1620,11 +1660,11 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1634,11 +1674,11 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wu[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1661,8 +1701,8 @@ void finish_k4(__global const float* restrict h, __global const float* restrict 
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t4[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -1677,6 +1717,8 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 512 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -1698,7 +1740,7 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 512; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1707,11 +1749,11 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1721,11 +1763,11 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wd[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1748,8 +1790,8 @@ void finish_k5(__global const float* restrict t6, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -1762,6 +1804,7 @@ void step_k0(__global const float* restrict x, __global const float* restrict no
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
@@ -1771,9 +1814,9 @@ void step_k0(__global const float* restrict x, __global const float* restrict no
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -1790,12 +1833,12 @@ void step_k0(__global const float* restrict x, __global const float* restrict no
     rsqrt_mean_square_eps[e] = rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 256*BM; e += THREADS) {
-    const long i = e / 256;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
+    const long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
 }
 
@@ -1809,6 +1852,8 @@ void step_k1(__global const float* restrict h, __global const float* restrict wq
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -1830,7 +1875,7 @@ void step_k1(__global const float* restrict h, __global const float* restrict wq
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1839,11 +1884,11 @@ void step_k1(__global const float* restrict h, __global const float* restrict wq
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1853,11 +1898,11 @@ void step_k1(__global const float* restrict h, __global const float* restrict wq
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wq[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1879,7 +1924,7 @@ void step_k1(__global const float* restrict h, __global const float* restrict wq
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1893,22 +1938,23 @@ void step_k2(__global const float* restrict t0, __global const float* restrict c
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*D; e += THREADS) {
+    const long i = e / D;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long j = e - i * D;
+    const long col = D*pid_b1 + j;
+    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1922,6 +1968,8 @@ void step_k3(__global const float* restrict h, __global const float* restrict wk
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 128 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -1943,7 +1991,7 @@ void step_k3(__global const float* restrict h, __global const float* restrict wk
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1952,11 +2000,11 @@ void step_k3(__global const float* restrict h, __global const float* restrict wk
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1966,11 +2014,11 @@ void step_k3(__global const float* restrict h, __global const float* restrict wk
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wk[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1992,7 +2040,7 @@ void step_k3(__global const float* restrict h, __global const float* restrict wk
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2005,22 +2053,23 @@ void step_k4(__global const float* restrict t3, __global const float* restrict c
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*D; e += THREADS) {
+    const long i = e / D;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long j = e - i * D;
+    const long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -2034,6 +2083,8 @@ void step_k5(__global const float* restrict h, __global const float* restrict wv
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 128 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -2055,7 +2106,7 @@ void step_k5(__global const float* restrict h, __global const float* restrict wv
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2064,11 +2115,11 @@ void step_k5(__global const float* restrict h, __global const float* restrict wv
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2078,11 +2129,11 @@ void step_k5(__global const float* restrict h, __global const float* restrict wv
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wv[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2104,7 +2155,7 @@ void step_k5(__global const float* restrict h, __global const float* restrict wv
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2117,16 +2168,17 @@ void step_k6(__global const float* restrict t6, __global float* restrict v, cons
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -2139,23 +2191,24 @@ void step_k7(__global float* restrict cache_k, __global float* restrict cache_v,
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 1 };
+  enum { D = 64 };
   enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // decode.tsr:67: cache = cache.append(k, v)
   const long slot = (cache_lengths[pid_b0] % (S) + (S) + pid_m) % (S);
-  for (long e = lid; e < 64; e += THREADS) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long e = lid; e < D; e += THREADS) {
+    const long i = e / D;
+    const long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long e = lid; e < 64; e += THREADS) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long e = lid; e < D; e += THREADS) {
+    const long i = e / D;
+    const long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -2198,6 +2251,7 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
   enum { BM = 32 };
   enum { BN = 32 };
   enum { BD = 64 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -2222,11 +2276,11 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < 2*T ? TSR_CHUNK_BYTES : 0;
       tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * 64 + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j + q] : 0;
+            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -2255,11 +2309,11 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
       if (cache_k_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_k, bytes);
+            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_k, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -2270,11 +2324,11 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
       if (cache_v_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_v, bytes);
+            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_v, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -2396,7 +2450,7 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
+      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * D + j] =
           ((l[r] > 0.0f) != 0.0f ? (acc[t] / l[r]) : 0.0f);
     }
   }
@@ -2410,16 +2464,18 @@ void step_k11(__global const float* restrict attended, __global float* restrict 
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 64 };
+  enum { R = 4 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long j = e - i * C;
+    t13[((pid_b0 * T + pid_b1) * R + row) * C + j] =
+        (attended[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -2433,6 +2489,8 @@ void step_k12(__global const float* restrict t13, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -2454,7 +2512,7 @@ void step_k12(__global const float* restrict t13, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2463,11 +2521,11 @@ void step_k12(__global const float* restrict t13, __global const float* restrict
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t13, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2477,11 +2535,11 @@ void step_k12(__global const float* restrict t13, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wo[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2504,8 +2562,8 @@ void step_k12(__global const float* restrict t13, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -2518,6 +2576,7 @@ void step_k13(__global const float* restrict x_1, __global const float* restrict
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
@@ -2527,9 +2586,9 @@ void step_k13(__global const float* restrict x_1, __global const float* restrict
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -2546,12 +2605,12 @@ void step_k13(__global const float* restrict x_1, __global const float* restrict
     rsqrt_mean_square_eps[e] = rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 256*BM; e += THREADS) {
-    const long i = e / 256;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 256;
-    if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
+    const long j = e - i * C;
+    if (row < T) h_1[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
 }
 
@@ -2565,6 +2624,8 @@ void step_k14(__global const float* restrict h_1, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 512 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -2586,7 +2647,7 @@ void step_k14(__global const float* restrict h_1, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2595,11 +2656,11 @@ void step_k14(__global const float* restrict h_1, __global const float* restrict
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2609,11 +2670,11 @@ void step_k14(__global const float* restrict h_1, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wg[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2636,7 +2697,7 @@ void step_k14(__global const float* restrict h_1, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -2652,6 +2713,8 @@ void step_k15(__global const float* restrict h_1, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 512 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -2673,7 +2736,7 @@ void step_k15(__global const float* restrict h_1, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2682,11 +2745,11 @@ void step_k15(__global const float* restrict h_1, __global const float* restrict
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2696,11 +2759,11 @@ void step_k15(__global const float* restrict h_1, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wu[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2723,8 +2786,8 @@ void step_k15(__global const float* restrict h_1, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -2739,6 +2802,8 @@ void step_k16(__global const float* restrict t19, __global const float* restrict
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 512 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -2760,7 +2825,7 @@ void step_k16(__global const float* restrict t19, __global const float* restrict
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 512; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2769,11 +2834,11 @@ void step_k16(__global const float* restrict t19, __global const float* restrict
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2783,11 +2848,11 @@ void step_k16(__global const float* restrict t19, __global const float* restrict
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wd[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2810,8 +2875,8 @@ void step_k16(__global const float* restrict t19, __global const float* restrict
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -2824,6 +2889,7 @@ void step_windowed_k0(__global const float* restrict x, __global const float* re
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
@@ -2833,9 +2899,9 @@ void step_windowed_k0(__global const float* restrict x, __global const float* re
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -2852,12 +2918,12 @@ void step_windowed_k0(__global const float* restrict x, __global const float* re
     rsqrt_mean_square_eps[e] = rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 256*BM; e += THREADS) {
-    const long i = e / 256;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
+    const long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
 }
 
@@ -2871,6 +2937,8 @@ void step_windowed_k1(__global const float* restrict h, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -2892,7 +2960,7 @@ void step_windowed_k1(__global const float* restrict h, __global const float* re
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2901,11 +2969,11 @@ void step_windowed_k1(__global const float* restrict h, __global const float* re
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2915,11 +2983,11 @@ void step_windowed_k1(__global const float* restrict h, __global const float* re
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wq[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2941,7 +3009,7 @@ void step_windowed_k1(__global const float* restrict h, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2955,22 +3023,23 @@ void step_windowed_k2(__global const float* restrict t0, __global const float* r
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*D; e += THREADS) {
+    const long i = e / D;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long j = e - i * D;
+    const long col = D*pid_b1 + j;
+    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -2984,6 +3053,8 @@ void step_windowed_k3(__global const float* restrict h, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 128 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -3005,7 +3076,7 @@ void step_windowed_k3(__global const float* restrict h, __global const float* re
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3014,11 +3085,11 @@ void step_windowed_k3(__global const float* restrict h, __global const float* re
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3028,11 +3099,11 @@ void step_windowed_k3(__global const float* restrict h, __global const float* re
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wk[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3054,7 +3125,7 @@ void step_windowed_k3(__global const float* restrict h, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -3067,22 +3138,23 @@ void step_windowed_k4(__global const float* restrict t3, __global const float* r
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*D; e += THREADS) {
+    const long i = e / D;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long j = e - i * D;
+    const long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -3096,6 +3168,8 @@ void step_windowed_k5(__global const float* restrict h, __global const float* re
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 128 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -3117,7 +3191,7 @@ void step_windowed_k5(__global const float* restrict h, __global const float* re
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3126,11 +3200,11 @@ void step_windowed_k5(__global const float* restrict h, __global const float* re
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3140,11 +3214,11 @@ void step_windowed_k5(__global const float* restrict h, __global const float* re
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wv[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3166,7 +3240,7 @@ void step_windowed_k5(__global const float* restrict h, __global const float* re
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -3179,16 +3253,17 @@ void step_windowed_k6(__global const float* restrict t6, __global float* restric
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -3201,23 +3276,24 @@ void step_windowed_k7(__global float* restrict cache_k, __global float* restrict
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 1 };
+  enum { D = 64 };
   enum { THREADS = 8*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
   // decode.tsr:82: cache = cache.append(k, v)
   const long slot = (cache_lengths[pid_b0] % (6) + (6) + pid_m) % (6);
-  for (long e = lid; e < 64; e += THREADS) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long e = lid; e < D; e += THREADS) {
+    const long i = e / D;
+    const long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long e = lid; e < 64; e += THREADS) {
-    const long i = e / 64;
-    const long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long e = lid; e < D; e += THREADS) {
+    const long i = e / D;
+    const long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -3263,6 +3339,7 @@ void step_windowed_k10(__global const float* restrict cache_k,
   enum { BM = 32 };
   enum { BN = 32 };
   enum { BD = 64 };
+  enum { D = 64 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -3287,11 +3364,11 @@ void step_windowed_k10(__global const float* restrict cache_k,
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < 2*T ? TSR_CHUNK_BYTES : 0;
       tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * 64 + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j + q] : 0;
+            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -3320,11 +3397,11 @@ void step_windowed_k10(__global const float* restrict cache_k,
       if (cache_k_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_k, bytes);
+            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_k, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -3335,11 +3412,11 @@ void step_windowed_k10(__global const float* restrict cache_k,
       if (cache_v_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_v, bytes);
+            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_v, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -3461,7 +3538,7 @@ void step_windowed_k10(__global const float* restrict cache_k,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
+      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * D + j] =
           ((l[r] > 0.0f) != 0.0f ? (acc[t] / l[r]) : 0.0f);
     }
   }
@@ -3475,16 +3552,18 @@ void step_windowed_k11(__global const float* restrict attended, __global float* 
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 64 };
+  enum { R = 4 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   const long pid_m = get_group_id(0);
   const long pid_b0 = get_group_id(1);
   const long pid_b1 = get_group_id(2);
-  for (long e = lid; e < 64*BM; e += THREADS) {
-    const long i = e / 64;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 64;
-    t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long j = e - i * C;
+    t13[((pid_b0 * T + pid_b1) * R + row) * C + j] =
+        (attended[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -3498,6 +3577,8 @@ void step_windowed_k12(__global const float* restrict t13, __global const float*
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -3519,7 +3600,7 @@ void step_windowed_k12(__global const float* restrict t13, __global const float*
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3528,11 +3609,11 @@ void step_windowed_k12(__global const float* restrict t13, __global const float*
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t13, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3542,11 +3623,11 @@ void step_windowed_k12(__global const float* restrict t13, __global const float*
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wo[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3569,8 +3650,8 @@ void step_windowed_k12(__global const float* restrict t13, __global const float*
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -3583,6 +3664,7 @@ void step_windowed_k13(__global const float* restrict x_1, __global const float*
   const int lid = get_local_id(0);
   (void)B;  // the grid's extent only
   enum { BM = 4 };
+  enum { C = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   __local float tsr_scratch[THREADS];
   const long pid_m = get_group_id(0);
@@ -3592,9 +3674,9 @@ void step_windowed_k13(__global const float* restrict x_1, __global const float*
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(tsr_scratch, r);
   }
   float mean_square[BM];
@@ -3611,12 +3693,12 @@ void step_windowed_k13(__global const float* restrict x_1, __global const float*
     rsqrt_mean_square_eps[e] = rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long e = lid; e < 256*BM; e += THREADS) {
-    const long i = e / 256;
+  for (long e = lid; e < BM*C; e += THREADS) {
+    const long i = e / C;
     const long row = BM*pid_m + i;
-    const long j = e - i * 256;
-    if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
+    const long j = e - i * C;
+    if (row < T) h_1[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
 }
 
@@ -3630,6 +3712,8 @@ void step_windowed_k14(__global const float* restrict h_1, __global const float*
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 512 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -3651,7 +3735,7 @@ void step_windowed_k14(__global const float* restrict h_1, __global const float*
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3660,11 +3744,11 @@ void step_windowed_k14(__global const float* restrict h_1, __global const float*
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3674,11 +3758,11 @@ void step_windowed_k14(__global const float* restrict h_1, __global const float*
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wg[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3701,7 +3785,7 @@ void step_windowed_k14(__global const float* restrict h_1, __global const float*
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -3717,6 +3801,8 @@ void step_windowed_k15(__global const float* restrict h_1, __global const float*
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 256 };
+  enum { N = 512 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -3738,7 +3824,7 @@ void step_windowed_k15(__global const float* restrict h_1, __global const float*
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 256; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3747,11 +3833,11 @@ void step_windowed_k15(__global const float* restrict h_1, __global const float*
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3761,11 +3847,11 @@ void step_windowed_k15(__global const float* restrict h_1, __global const float*
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wu[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3788,8 +3874,8 @@ void step_windowed_k15(__global const float* restrict h_1, __global const float*
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -3804,6 +3890,8 @@ void step_windowed_k16(__global const float* restrict t19, __global const float*
   enum { BM = 64 };
   enum { BN = 64 };
   enum { BK = 16 };
+  enum { K = 512 };
+  enum { N = 256 };
   enum { THREADS = 4*TSR_WARP_SIZE };
   enum { TX = 16 };
   enum { TY = THREADS / TX };
@@ -3825,7 +3913,7 @@ void step_windowed_k16(__global const float* restrict t19, __global const float*
       acc[t] = 0.0f;
     }
   }
-  for (long kb = 0; kb * BK < 512; ++kb) {
+  for (long kb = 0; kb * BK < K; ++kb) {
     barrier(CLK_LOCAL_MEM_FENCE);
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3834,11 +3922,11 @@ void step_windowed_k16(__global const float* restrict t19, __global const float*
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3848,11 +3936,11 @@ void step_windowed_k16(__global const float* restrict t19, __global const float*
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wd[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3875,8 +3963,8 @@ void step_windowed_k16(__global const float* restrict t19, __global const float*
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }

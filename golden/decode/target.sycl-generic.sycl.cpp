@@ -142,6 +142,7 @@ inline void qkv_k0(const float* __restrict__ x, const float* __restrict__ norm_1
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
@@ -150,9 +151,9 @@ inline void qkv_k0(const float* __restrict__ x, const float* __restrict__ norm_1
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[BM];
@@ -169,12 +170,12 @@ inline void qkv_k0(const float* __restrict__ x, const float* __restrict__ norm_1
     rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -207,6 +208,8 @@ inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -227,7 +230,7 @@ inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -236,11 +239,11 @@ inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -250,11 +253,11 @@ inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wq[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -276,7 +279,7 @@ inline void qkv_k1(const float* __restrict__ h, const float* __restrict__ wq,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -309,22 +312,23 @@ inline void qkv_k2(const float* __restrict__ t0, const float* __restrict__ cos_1
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out0[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -354,6 +358,8 @@ inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -374,7 +380,7 @@ inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -383,11 +389,11 @@ inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -397,11 +403,11 @@ inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wk[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -423,7 +429,7 @@ inline void qkv_k3(const float* __restrict__ h, const float* __restrict__ wk,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -456,22 +462,23 @@ inline void qkv_k4(const float* __restrict__ t3, const float* __restrict__ cos_1
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out1[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -501,6 +508,8 @@ inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -521,7 +530,7 @@ inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -530,11 +539,11 @@ inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -544,11 +553,11 @@ inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wv[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -570,7 +579,7 @@ inline void qkv_k5(const float* __restrict__ h, const float* __restrict__ wv,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -602,16 +611,17 @@ inline void qkv_k6(const float* __restrict__ t6, float* __restrict__ out2, const
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) out2[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -639,6 +649,7 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
@@ -647,9 +658,9 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[BM];
@@ -666,12 +677,12 @@ inline void project_k0(const float* __restrict__ x, const float* __restrict__ no
     rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -704,6 +715,8 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -724,7 +737,7 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -733,11 +746,11 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -747,11 +760,11 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wq[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -773,7 +786,7 @@ inline void project_k1(const float* __restrict__ h, const float* __restrict__ wq
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -806,22 +819,23 @@ inline void project_k2(const float* __restrict__ t0, const float* __restrict__ c
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -851,6 +865,8 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -871,7 +887,7 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -880,11 +896,11 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -894,11 +910,11 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wk[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -920,7 +936,7 @@ inline void project_k3(const float* __restrict__ h, const float* __restrict__ wk
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -953,22 +969,23 @@ inline void project_k4(const float* __restrict__ t3, const float* __restrict__ c
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -998,6 +1015,8 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1018,7 +1037,7 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1027,11 +1046,11 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1041,11 +1060,11 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wv[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1067,7 +1086,7 @@ inline void project_k5(const float* __restrict__ h, const float* __restrict__ wv
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1099,16 +1118,17 @@ inline void project_k6(const float* __restrict__ t6, float* __restrict__ v, cons
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1137,23 +1157,24 @@ inline void project_k7(float* __restrict__ cache_k, float* __restrict__ cache_v,
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // decode.tsr:36: return q, cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (S) + (S) + pid_m) % (S);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -1207,6 +1228,7 @@ inline void project_windowed_k0(const float* __restrict__ x, const float* __rest
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
@@ -1215,9 +1237,9 @@ inline void project_windowed_k0(const float* __restrict__ x, const float* __rest
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[BM];
@@ -1234,12 +1256,12 @@ inline void project_windowed_k0(const float* __restrict__ x, const float* __rest
     rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -1272,6 +1294,8 @@ inline void project_windowed_k1(const float* __restrict__ h, const float* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1292,7 +1316,7 @@ inline void project_windowed_k1(const float* __restrict__ h, const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1301,11 +1325,11 @@ inline void project_windowed_k1(const float* __restrict__ h, const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1315,11 +1339,11 @@ inline void project_windowed_k1(const float* __restrict__ h, const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wq[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1341,7 +1365,7 @@ inline void project_windowed_k1(const float* __restrict__ h, const float* __rest
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1374,22 +1398,23 @@ inline void project_windowed_k2(const float* __restrict__ t0, const float* __res
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) out[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1419,6 +1444,8 @@ inline void project_windowed_k3(const float* __restrict__ h, const float* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1439,7 +1466,7 @@ inline void project_windowed_k3(const float* __restrict__ h, const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1448,11 +1475,11 @@ inline void project_windowed_k3(const float* __restrict__ h, const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1462,11 +1489,11 @@ inline void project_windowed_k3(const float* __restrict__ h, const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wk[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1488,7 +1515,7 @@ inline void project_windowed_k3(const float* __restrict__ h, const float* __rest
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1521,22 +1548,23 @@ inline void project_windowed_k4(const float* __restrict__ t3, const float* __res
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -1566,6 +1594,8 @@ inline void project_windowed_k5(const float* __restrict__ h, const float* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1586,7 +1616,7 @@ inline void project_windowed_k5(const float* __restrict__ h, const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1595,11 +1625,11 @@ inline void project_windowed_k5(const float* __restrict__ h, const float* __rest
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1609,11 +1639,11 @@ inline void project_windowed_k5(const float* __restrict__ h, const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wv[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1635,7 +1665,7 @@ inline void project_windowed_k5(const float* __restrict__ h, const float* __rest
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -1667,16 +1697,17 @@ inline void project_windowed_k6(const float* __restrict__ t6, float* __restrict_
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -1705,23 +1736,24 @@ inline void project_windowed_k7(float* __restrict__ cache_k, float* __restrict__
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // decode.tsr:47: return q, cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (6) + (6) + pid_m) % (6);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -1774,16 +1806,17 @@ inline void finish_k0(const float* __restrict__ o, float* __restrict__ t0, const
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t0[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (o[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t0[((pid_b0 * T + pid_b1) * R + row) * C + j] = (o[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -1812,6 +1845,8 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1832,7 +1867,7 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -1841,11 +1876,11 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
       if (t0_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t0, bytes);
+            bytes ? t0 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t0, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t0[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -1855,11 +1890,11 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wo[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -1882,8 +1917,8 @@ inline void finish_k1(const float* __restrict__ t0, const float* __restrict__ wo
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -1916,6 +1951,7 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
@@ -1924,9 +1960,9 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[BM];
@@ -1943,12 +1979,12 @@ inline void finish_k2(const float* __restrict__ x_1, const float* __restrict__ n
     rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm_1[j]));
   }
 }
 
@@ -1982,6 +2018,8 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2002,7 +2040,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2011,11 +2049,11 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2025,11 +2063,11 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wg[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2052,7 +2090,7 @@ inline void finish_k3(const float* __restrict__ h, const float* __restrict__ wg,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t4[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -2088,6 +2126,8 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2108,7 +2148,7 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2117,11 +2157,11 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2131,11 +2171,11 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wu[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2158,8 +2198,8 @@ inline void finish_k4(const float* __restrict__ h, const float* __restrict__ wu,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t4[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t4[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -2194,6 +2234,8 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2214,7 +2256,7 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2223,11 +2265,11 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
       if (t6_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t6, bytes);
+            bytes ? t6 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t6, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t6[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2237,11 +2279,11 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wd[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2264,8 +2306,8 @@ inline void finish_k5(const float* __restrict__ t6, const float* __restrict__ wd
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -2298,6 +2340,7 @@ inline void step_k0(const float* __restrict__ x, const float* __restrict__ norm1
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
@@ -2306,9 +2349,9 @@ inline void step_k0(const float* __restrict__ x, const float* __restrict__ norm1
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[BM];
@@ -2325,12 +2368,12 @@ inline void step_k0(const float* __restrict__ x, const float* __restrict__ norm1
     rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
 }
 
@@ -2363,6 +2406,8 @@ inline void step_k1(const float* __restrict__ h, const float* __restrict__ wq,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2383,7 +2428,7 @@ inline void step_k1(const float* __restrict__ h, const float* __restrict__ wq,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2392,11 +2437,11 @@ inline void step_k1(const float* __restrict__ h, const float* __restrict__ wq,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2406,11 +2451,11 @@ inline void step_k1(const float* __restrict__ h, const float* __restrict__ wq,
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wq[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2432,7 +2477,7 @@ inline void step_k1(const float* __restrict__ h, const float* __restrict__ wq,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2465,22 +2510,23 @@ inline void step_k2(const float* __restrict__ t0, const float* __restrict__ cos_
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -2510,6 +2556,8 @@ inline void step_k3(const float* __restrict__ h, const float* __restrict__ wk,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2530,7 +2578,7 @@ inline void step_k3(const float* __restrict__ h, const float* __restrict__ wk,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2539,11 +2587,11 @@ inline void step_k3(const float* __restrict__ h, const float* __restrict__ wk,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2553,11 +2601,11 @@ inline void step_k3(const float* __restrict__ h, const float* __restrict__ wk,
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wk[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2579,7 +2627,7 @@ inline void step_k3(const float* __restrict__ h, const float* __restrict__ wk,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2612,22 +2660,23 @@ inline void step_k4(const float* __restrict__ t3, const float* __restrict__ cos_
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -2657,6 +2706,8 @@ inline void step_k5(const float* __restrict__ h, const float* __restrict__ wv,
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2677,7 +2728,7 @@ inline void step_k5(const float* __restrict__ h, const float* __restrict__ wv,
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -2686,11 +2737,11 @@ inline void step_k5(const float* __restrict__ h, const float* __restrict__ wv,
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -2700,11 +2751,11 @@ inline void step_k5(const float* __restrict__ h, const float* __restrict__ wv,
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wv[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -2726,7 +2777,7 @@ inline void step_k5(const float* __restrict__ h, const float* __restrict__ wv,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -2758,16 +2809,17 @@ inline void step_k6(const float* __restrict__ t6, float* __restrict__ v, const l
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -2796,23 +2848,24 @@ inline void step_k7(float* __restrict__ cache_k, float* __restrict__ cache_v,
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // decode.tsr:67: cache = cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (S) + (S) + pid_m) % (S);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -2900,6 +2953,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
   constexpr int BM = 32;
   constexpr int BN = 32;
   constexpr int BD = 64;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -2921,11 +2975,11 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < 2*T ? TSR_CHUNK_BYTES : 0;
       tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * 64 + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j + q] : 0;
+            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -2954,11 +3008,11 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
       if (cache_k_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_k, bytes);
+            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_k, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -2969,11 +3023,11 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
       if (cache_v_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_v, bytes);
+            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_v, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -3096,7 +3150,7 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
+      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * D + j] =
           ((l[r] > 0.0f) != 0.0f ? (acc[t] / l[r]) : 0.0f);
     }
   }
@@ -3136,16 +3190,18 @@ inline void step_k11(const float* __restrict__ attended, float* __restrict__ t13
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t13[((pid_b0 * T + pid_b1) * R + row) * C + j] =
+        (attended[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -3174,6 +3230,8 @@ inline void step_k12(const float* __restrict__ t13, const float* __restrict__ wo
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3194,7 +3252,7 @@ inline void step_k12(const float* __restrict__ t13, const float* __restrict__ wo
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3203,11 +3261,11 @@ inline void step_k12(const float* __restrict__ t13, const float* __restrict__ wo
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t13, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3217,11 +3275,11 @@ inline void step_k12(const float* __restrict__ t13, const float* __restrict__ wo
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wo[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3244,8 +3302,8 @@ inline void step_k12(const float* __restrict__ t13, const float* __restrict__ wo
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -3278,6 +3336,7 @@ inline void step_k13(const float* __restrict__ x_1, const float* __restrict__ no
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
@@ -3286,9 +3345,9 @@ inline void step_k13(const float* __restrict__ x_1, const float* __restrict__ no
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[BM];
@@ -3305,12 +3364,12 @@ inline void step_k13(const float* __restrict__ x_1, const float* __restrict__ no
     rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
+    const long long j = e - i * C;
+    if (row < T) h_1[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
 }
 
@@ -3344,6 +3403,8 @@ inline void step_k14(const float* __restrict__ h_1, const float* __restrict__ wg
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3364,7 +3425,7 @@ inline void step_k14(const float* __restrict__ h_1, const float* __restrict__ wg
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3373,11 +3434,11 @@ inline void step_k14(const float* __restrict__ h_1, const float* __restrict__ wg
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3387,11 +3448,11 @@ inline void step_k14(const float* __restrict__ h_1, const float* __restrict__ wg
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wg[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3414,7 +3475,7 @@ inline void step_k14(const float* __restrict__ h_1, const float* __restrict__ wg
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -3450,6 +3511,8 @@ inline void step_k15(const float* __restrict__ h_1, const float* __restrict__ wu
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3470,7 +3533,7 @@ inline void step_k15(const float* __restrict__ h_1, const float* __restrict__ wu
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3479,11 +3542,11 @@ inline void step_k15(const float* __restrict__ h_1, const float* __restrict__ wu
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3493,11 +3556,11 @@ inline void step_k15(const float* __restrict__ h_1, const float* __restrict__ wu
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wu[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3520,8 +3583,8 @@ inline void step_k15(const float* __restrict__ h_1, const float* __restrict__ wu
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -3556,6 +3619,8 @@ inline void step_k16(const float* __restrict__ t19, const float* __restrict__ wd
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3576,7 +3641,7 @@ inline void step_k16(const float* __restrict__ t19, const float* __restrict__ wd
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3585,11 +3650,11 @@ inline void step_k16(const float* __restrict__ t19, const float* __restrict__ wd
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3599,11 +3664,11 @@ inline void step_k16(const float* __restrict__ t19, const float* __restrict__ wd
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wd[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3626,8 +3691,8 @@ inline void step_k16(const float* __restrict__ t19, const float* __restrict__ wd
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -3660,6 +3725,7 @@ inline void step_windowed_k0(const float* __restrict__ x, const float* __restric
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
@@ -3668,9 +3734,9 @@ inline void step_windowed_k0(const float* __restrict__ x, const float* __restric
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[BM];
@@ -3687,12 +3753,12 @@ inline void step_windowed_k0(const float* __restrict__ x, const float* __restric
     rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h[(pid_b0 * T + row) * 256 + j] =
-        (((x[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
+    const long long j = e - i * C;
+    if (row < T) h[(pid_b0 * T + row) * C + j] =
+        (((x[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm1[j]));
   }
 }
 
@@ -3725,6 +3791,8 @@ inline void step_windowed_k1(const float* __restrict__ h, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3745,7 +3813,7 @@ inline void step_windowed_k1(const float* __restrict__ h, const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3754,11 +3822,11 @@ inline void step_windowed_k1(const float* __restrict__ h, const float* __restric
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3768,11 +3836,11 @@ inline void step_windowed_k1(const float* __restrict__ h, const float* __restric
       const int j = e % (BN / 4) * 4;
       if (wq_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wq + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wq + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wq[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wq[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3794,7 +3862,7 @@ inline void step_windowed_k1(const float* __restrict__ h, const float* __restric
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t0[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -3827,22 +3895,23 @@ inline void step_windowed_k2(const float* __restrict__ t0, const float* __restri
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t0[(pid_b0 * T + row) * 256 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) q_1[((pid_b0 * 4 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t0[(pid_b0 * T + row) * 4*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t0[(pid_b0 * T + row) * 4*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t0[(pid_b0 * T + row) * 4*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -3872,6 +3941,8 @@ inline void step_windowed_k3(const float* __restrict__ h, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -3892,7 +3963,7 @@ inline void step_windowed_k3(const float* __restrict__ h, const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -3901,11 +3972,11 @@ inline void step_windowed_k3(const float* __restrict__ h, const float* __restric
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -3915,11 +3986,11 @@ inline void step_windowed_k3(const float* __restrict__ h, const float* __restric
       const int j = e % (BN / 4) * 4;
       if (wk_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wk + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wk + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wk[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wk[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -3941,7 +4012,7 @@ inline void step_windowed_k3(const float* __restrict__ h, const float* __restric
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t3[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -3974,22 +4045,23 @@ inline void step_windowed_k4(const float* __restrict__ t3, const float* __restri
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // rotary_embedding.tsr:13: return tile.concat((x1 * c - x2 * s, x1 * s + x2 * c), axis=1)
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*D; e += THREADS) {
+    const long long i = e / D;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (j < 32 ? ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j])) * (cos_1[row * 32 + j]))
-        - (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j])) * (sin_1[row * 32 + j])))
-        : ((((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + j - (32)]))
-        * (sin_1[row * 32 + j - (32)]))
-        + (((t3[(pid_b0 * T + row) * 128 + 64*pid_b1 + 32 + j - (32)]))
-        * (cos_1[row * 32 + j - (32)]))));
+    const long long j = e - i * D;
+    const long long col = D*pid_b1 + j;
+    if (row < T) k[((pid_b0 * 2 + pid_b1) * T + row) * D + j] =
+        (j < D/2 ? ((((t3[(pid_b0 * T + row) * 2*D + col])) * (cos_1[row * (D/2) + j]))
+        - (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j])) * (sin_1[row * (D/2) + j])))
+        : ((((t3[(pid_b0 * T + row) * 2*D + col - (D/2)])) * (sin_1[row * (D/2) + j - (D/2)]))
+        + (((t3[(pid_b0 * T + row) * 2*D + D*pid_b1 + D/2 + j - (D/2)]))
+        * (cos_1[row * (D/2) + j - (D/2)]))));
   }
 }
 
@@ -4019,6 +4091,8 @@ inline void step_windowed_k5(const float* __restrict__ h, const float* __restric
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 128;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4039,7 +4113,7 @@ inline void step_windowed_k5(const float* __restrict__ h, const float* __restric
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -4048,11 +4122,11 @@ inline void step_windowed_k5(const float* __restrict__ h, const float* __restric
       if (h_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h, bytes);
+            bytes ? h + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -4062,11 +4136,11 @@ inline void step_windowed_k5(const float* __restrict__ h, const float* __restric
       const int j = e % (BN / 4) * 4;
       if (wv_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wv + (BK*kb + i) * 128 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wv + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wv[(BK*kb + i) * 128 + BN*pid_n + j + q];
+              wv[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4088,7 +4162,7 @@ inline void step_windowed_k5(const float* __restrict__ h, const float* __restric
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * 128 + BN*pid_n + j] = acc[t];
+      if (BM*pid_m + i < T) t6[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] = acc[t];
     }
   }
 }
@@ -4120,16 +4194,17 @@ inline void step_windowed_k6(const float* __restrict__ t6, float* __restrict__ v
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * 64 + j] =
-        (t6[(pid_b0 * T + row) * 128 + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    if (row < T) v[((pid_b0 * 2 + pid_b1) * T + row) * C + j] =
+        (t6[(pid_b0 * T + row) * 2*C + C*pid_b1 + j]);
   }
 }
 
@@ -4158,23 +4233,24 @@ inline void step_windowed_k7(float* __restrict__ cache_k, float* __restrict__ ca
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 1;
+  constexpr int D = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
   // decode.tsr:82: cache = cache.append(k, v)
   const long long slot = (cache_lengths[pid_b0] % (6) + (6) + pid_m) % (6);
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_k[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (k[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
-  for (long long e = lid; e < 64; e += THREADS) {
-    const long long i = e / 64;
-    const long long j = e - i * 64;
-    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * 64 + j] =
-        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * 64 + j]);
+  for (long long e = lid; e < D; e += THREADS) {
+    const long long i = e / D;
+    const long long j = e - i * D;
+    cache_v[((pid_b0 * 2 + pid_b1) * S + BM*slot + i) * D + j] =
+        (v[((pid_b0 * 2 + pid_b1) * T + BM*pid_m + i) * D + j]);
   }
 }
 
@@ -4264,6 +4340,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
   constexpr int BM = 32;
   constexpr int BN = 32;
   constexpr int BD = 64;
+  constexpr int D = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4285,11 +4362,11 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
     if (q_1_aligned) {
       const int bytes = BM*pid_m + i < 2*T ? TSR_CHUNK_BYTES : 0;
       tsr_copy16(q_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * 64 + j) : q_1, bytes);
+          bytes ? q_1 + ((pid_b0 * 2*T + BM*pid_m + i) * D + j) : q_1, bytes);
     } else {
       for (int q = 0; q < 4; ++q) {
         q_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j + q] : 0;
+            BM*pid_m + i < 2*T ? q_1[(pid_b0 * 2*T + BM*pid_m + i) * D + j + q] : 0;
       }
     }
   }
@@ -4318,11 +4395,11 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
       if (cache_k_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(k_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_k, bytes);
+            bytes ? cache_k + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_k, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           k_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_k[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -4333,11 +4410,11 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
       if (cache_v_aligned) {
         const int bytes = BN*nblk + i < S ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(v_tile_smem + (i * BD + (j / 4 ^ i % 8) * 4 + j % 4),
-            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * 64 + j) : cache_v, bytes);
+            bytes ? cache_v + ((pid_b0 * S + BN*nblk + i) * D + j) : cache_v, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           v_tile_smem[i * BD + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * 64 + j + q] : 0;
+              BN*nblk + i < S ? cache_v[(pid_b0 * S + BN*nblk + i) * D + j + q] : 0;
         }
       }
     }
@@ -4460,7 +4537,7 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * 64 + j] =
+      if (BM*pid_m + i < 2*T) attended[(pid_b0 * 2*T + BM*pid_m + i) * D + j] =
           ((l[r] > 0.0f) != 0.0f ? (acc[t] / l[r]) : 0.0f);
     }
   }
@@ -4500,16 +4577,18 @@ inline void step_windowed_k11(const float* __restrict__ attended, float* __restr
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 64;
+  constexpr int R = 4;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
   const long long pid_b1 = it.get_group(0);
-  for (long long e = lid; e < 64*BM; e += THREADS) {
-    const long long i = e / 64;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 64;
-    t13[((pid_b0 * T + pid_b1) * 4 + row) * 64 + j] =
-        (attended[(pid_b0 * 4 + row) * 64*T + 64*pid_b1 + j]);
+    const long long j = e - i * C;
+    t13[((pid_b0 * T + pid_b1) * R + row) * C + j] =
+        (attended[(pid_b0 * R + row) * 64*T + C*pid_b1 + j]);
   }
 }
 
@@ -4538,6 +4617,8 @@ inline void step_windowed_k12(const float* __restrict__ t13, const float* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4558,7 +4639,7 @@ inline void step_windowed_k12(const float* __restrict__ t13, const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -4567,11 +4648,11 @@ inline void step_windowed_k12(const float* __restrict__ t13, const float* __rest
       if (t13_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : t13, bytes);
+            bytes ? t13 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t13, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t13[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -4581,11 +4662,11 @@ inline void step_windowed_k12(const float* __restrict__ t13, const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wo_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wo + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wo + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wo[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wo[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4608,8 +4689,8 @@ inline void step_windowed_k12(const float* __restrict__ t13, const float* __rest
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }
@@ -4642,6 +4723,7 @@ inline void step_windowed_k13(const float* __restrict__ x_1, const float* __rest
   const int lid = (int)it.get_local_id(2);
   (void)B;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int C = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
@@ -4650,9 +4732,9 @@ inline void step_windowed_k13(const float* __restrict__ x_1, const float* __rest
   float sum_sq[BM];
   for (int i = 0; i < BM; ++i) {
     float r = 0.0f;
-    for (long long j = lid; j < 256; j += THREADS)
-        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f)
-        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * 256 + j] : 0.0f));
+    for (long long j = lid; j < C; j += THREADS)
+        r = r + ((BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f)
+        * (BM*pid_m + i < T ? x_1[(pid_b0 * T + BM*pid_m + i) * C + j] : 0.0f));
     sum_sq[i] = tsr_group_sum(it, tsr_scratch, r);
   }
   float mean_square[BM];
@@ -4669,12 +4751,12 @@ inline void step_windowed_k13(const float* __restrict__ x_1, const float* __rest
     rsqrt_mean_square_eps[e] = sycl::rsqrt(mean_square_eps[e]);
   }
   // rmsnorm.tsr:12: normed = normed * tile.load(weight)[None, :]
-  for (long long e = lid; e < 256*BM; e += THREADS) {
-    const long long i = e / 256;
+  for (long long e = lid; e < BM*C; e += THREADS) {
+    const long long i = e / C;
     const long long row = BM*pid_m + i;
-    const long long j = e - i * 256;
-    if (row < T) h_1[(pid_b0 * T + row) * 256 + j] =
-        (((x_1[(pid_b0 * T + row) * 256 + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
+    const long long j = e - i * C;
+    if (row < T) h_1[(pid_b0 * T + row) * C + j] =
+        (((x_1[(pid_b0 * T + row) * C + j]) * rsqrt_mean_square_eps[i]) * (norm2[j]));
   }
 }
 
@@ -4708,6 +4790,8 @@ inline void step_windowed_k14(const float* __restrict__ h_1, const float* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4728,7 +4812,7 @@ inline void step_windowed_k14(const float* __restrict__ h_1, const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -4737,11 +4821,11 @@ inline void step_windowed_k14(const float* __restrict__ h_1, const float* __rest
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -4751,11 +4835,11 @@ inline void step_windowed_k14(const float* __restrict__ h_1, const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wg_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wg + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wg + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wg[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wg[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4778,7 +4862,7 @@ inline void step_windowed_k14(const float* __restrict__ h_1, const float* __rest
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
+      if (BM*pid_m + i < T) t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
           (tsr_silu(acc[t]));
     }
   }
@@ -4814,6 +4898,8 @@ inline void step_windowed_k15(const float* __restrict__ h_1, const float* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 256;
+  constexpr int N = 512;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4834,7 +4920,7 @@ inline void step_windowed_k15(const float* __restrict__ h_1, const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 256; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -4843,11 +4929,11 @@ inline void step_windowed_k15(const float* __restrict__ h_1, const float* __rest
       if (h_1_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j) : h_1, bytes);
+            bytes ? h_1 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : h_1, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * 256 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? h_1[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -4857,11 +4943,11 @@ inline void step_windowed_k15(const float* __restrict__ h_1, const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wu_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wu + (BK*kb + i) * 512 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wu + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wu[(BK*kb + i) * 512 + BN*pid_n + j + q];
+              wu[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4884,8 +4970,8 @@ inline void step_windowed_k15(const float* __restrict__ h_1, const float* __rest
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j] =
-          ((t17[(pid_b0 * T + BM*pid_m + i) * 512 + BN*pid_n + j]) * acc[t]);
+      if (BM*pid_m + i < T) t19[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((t17[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) * acc[t]);
     }
   }
 }
@@ -4920,6 +5006,8 @@ inline void step_windowed_k16(const float* __restrict__ t19, const float* __rest
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int BK = 16;
+  constexpr int K = 512;
+  constexpr int N = 256;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -4940,7 +5028,7 @@ inline void step_windowed_k16(const float* __restrict__ t19, const float* __rest
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * BK < 512; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
     for (int e = lid; e < BM*BK / 4; e += THREADS) {
@@ -4949,11 +5037,11 @@ inline void step_windowed_k16(const float* __restrict__ t19, const float* __rest
       if (t19_aligned) {
         const int bytes = BM*pid_m + i < T ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(a_tile_smem + (i * BK + (j / 4 ^ i % 4) * 4 + j % 4),
-            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j) : t19, bytes);
+            bytes ? t19 + ((pid_b0 * T + BM*pid_m + i) * K + BK*kb + j) : t19, bytes);
       } else {
         for (int q = 0; q < 4; ++q) {
           a_tile_smem[i * BK + ((j + q) / 4 ^ i % 4) * 4 + (j + q) % 4] =
-              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * 512 + BK*kb + j + q] : 0;
+              BM*pid_m + i < T ? t19[(pid_b0 * T + BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
@@ -4963,11 +5051,11 @@ inline void step_windowed_k16(const float* __restrict__ t19, const float* __rest
       const int j = e % (BN / 4) * 4;
       if (wd_aligned) {
         tsr_copy16(b_tile_smem + (i * BN + (j / 4 ^ i % 8) * 4 + j % 4),
-            wd + (BK*kb + i) * 256 + BN*pid_n + j, TSR_CHUNK_BYTES);
+            wd + (BK*kb + i) * N + BN*pid_n + j, TSR_CHUNK_BYTES);
       } else {
         for (int q = 0; q < 4; ++q) {
           b_tile_smem[i * BN + ((j + q) / 4 ^ i % 8) * 4 + (j + q) % 4] =
-              wd[(BK*kb + i) * 256 + BN*pid_n + j + q];
+              wd[(BK*kb + i) * N + BN*pid_n + j + q];
         }
       }
     }
@@ -4990,8 +5078,8 @@ inline void step_windowed_k16(const float* __restrict__ t19, const float* __rest
     for (int c = 0; c < 4; ++c) {
       const int j = tx + c * TX;
       const int t = r * 4 + c;
-      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j] =
-          ((x_1[(pid_b0 * T + BM*pid_m + i) * 256 + BN*pid_n + j]) + acc[t]);
+      if (BM*pid_m + i < T) out[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j] =
+          ((x_1[(pid_b0 * T + BM*pid_m + i) * N + BN*pid_n + j]) + acc[t]);
     }
   }
 }

@@ -608,6 +608,7 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int R = 32;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -616,8 +617,8 @@ extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
-      t4[(pid_b0 * 32 + row) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
+      t4[(pid_b0 * R + row) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * R + row) * N + j]))
           * (scale[(pid_b0 * 1 + 0) * N + j])))));
     }
   }
@@ -886,6 +887,7 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int R = 32;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -894,11 +896,11 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
-          out[((pid_b0 * 32 + row) * N + j) >> 1] =
-          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * 32 + row) * N + j])
+      if ((((pid_b0 * R + row) * N + j) & 1) == 0)
+          out[((pid_b0 * R + row) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * R + row) * N + j])
           * (t2[(pid_b0 * 1 + 0) * N + j])))), -8.0f, 7.0f))),
-          (tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * 32 + row) * N + j + 1])
+          (tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * R + row) * N + j + 1])
           * (t2[(pid_b0 * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
@@ -912,6 +914,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int BK = 32;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
   constexpr int MMA_K = 16;
@@ -923,36 +926,36 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 32*BM / 8; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy_async16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        tsr_copy_async16(a_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
-  if (32 < K) {
-    for (int e = lid; e < 32*BM / 8; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+  if (BK < K) {
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 32 + j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy_async16(a_smem + ((1 * BM + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((BM*pid_m + i) * K + 32 + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && BK + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(a_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + BK + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[(1 * BM + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              BM*pid_m + i < M && 32 + j + q < K ? x[(BM*pid_m + i) * K + 32 + j + q] : 0;
+          a_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && BK + j + q < K ? x[(BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
@@ -968,66 +971,66 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<1>();
     tsr_fence_async_shared();
     __syncthreads();
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
-    if (32*kb + 64 < K) {
-      for (int e = lid; e < 32*BM / 8; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+    if (BK*kb + 2*BK < K) {
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 32*kb + 64 + j < K ? TSR_CHUNK_BYTES : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 4 * BM + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? x + ((BM*pid_m + i) * K + 32*kb + 64 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + 2*BK + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy_async16(a_smem + (((kb + 2) % 4 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * K + BK*kb + 2*BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 4 * BM + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && 32*kb + 64 + j + q < K
-                ? x[(BM*pid_m + i) * K + 32*kb + 64 + j + q] : 0;
+            a_smem[((kb + 2) % 4 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + 2*BK + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
           }
         }
       }
     }
     tsr_copy_commit();
     // quant_linear.tsr:55: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += MMA_K) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       unsigned a_frag[1][4];
       tsr_ldmatrix_x4(a_frag[0],
-          a_smem + ((kb % 4 * BM + wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * 32
+          a_smem + ((kb % 4 * BM + wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * BK
           + ((kk + lane / 8 / 2 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
           + (kk + lane / 8 / 2 * 8) % 8));
       #pragma unroll
       for (int fn = 0; fn < BN / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
-        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 < K
+        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 < K
             && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * TSR_MMA_N
-            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * TSR_MMA_N
+            ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * TSR_MMA_N
+            + lane / 4) >> 1] >> ((((BK*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * TSR_MMA_N
             + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
             * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
             ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))),
-            tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 1 < K
+            tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 1 < K
             && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * TSR_MMA_N
-            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n
+            ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * TSR_MMA_N
+            + lane / 4) >> 1] >> ((((BK*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n
             + fn * TSR_MMA_N + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
             * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
             ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
-        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8
+        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 8
             < K && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * TSR_MMA_N
-            + lane / 4) >> 1] >> ((((32*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n
+            ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * TSR_MMA_N
+            + lane / 4) >> 1] >> ((((BK*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n
             + fn * TSR_MMA_N + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
             * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
             ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))),
-            tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk + lane % 4 * 2 + 8 + 1 < K
+            tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 8 + 1 < K
             && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
-            ? (float)(((((int)w[((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n
+            ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n
             + fn * TSR_MMA_N + lane / 4) >> 1]
-            >> ((((32*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * TSR_MMA_N
+            >> ((((BK*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * TSR_MMA_N
             + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
             * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
             ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
@@ -1070,6 +1073,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int BK = 64;
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -1085,18 +1089,18 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
   //   cols=T.n)), f32)
   if (0 < K) {
-    for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * TSR_CHUNK_BYTES;
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(operand_smem
-            + (i * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
+            + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-          operand_smem[i * 64 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+          operand_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
               + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
@@ -1104,7 +1108,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   if (0 < K) {
-    for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+    for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
       const int i = e / (BN / TSR_CHUNK_BYTES);
       const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
@@ -1123,79 +1127,79 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   tsr_copy_commit();
-  if (64 < K) {
-    for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * TSR_CHUNK_BYTES;
+  if (BK < K) {
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 64 + j < K ? TSR_CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < M && BK + j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(operand_smem
-            + ((1 * BM + i) * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
-            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + 64 + j) : x, bytes);
+            + ((1 * BM + i) * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + BK + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-          operand_smem[(1 * BM + i) * 64 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+          operand_smem[(1 * BM + i) * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
               + (j + q) % TSR_CHUNK_BYTES] =
-              BM*pid_m + i < M && 64 + j + q < K ? x[(BM*pid_m + i) * K + 64 + j + q] : 0;
+              BM*pid_m + i < M && BK + j + q < K ? x[(BM*pid_m + i) * K + BK + j + q] : 0;
         }
       }
     }
   }
-  if (64 < K) {
-    for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+  if (BK < K) {
+    for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
       const int i = e / (BN / TSR_CHUNK_BYTES);
       const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = 64 + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        const int bytes = BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(operand_smem_1
-            + ((1 * 64 + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
-            + j % TSR_CHUNK_BYTES), bytes ? w + ((64 + i) * N + BN*pid_n + j) : w, bytes);
+            + ((1 * BK + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((BK + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-          operand_smem_1[(1 * 64 + i) * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+          operand_smem_1[(1 * BK + i) * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
               + (j + q) % TSR_CHUNK_BYTES] =
-              64 + i < K && BN*pid_n + j + q < N ? w[(64 + i) * N + BN*pid_n + j + q] : 0;
+              BK + i < K && BN*pid_n + j + q < N ? w[(BK + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
   }
   tsr_copy_commit();
-  if (128 < K) {
-    for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * TSR_CHUNK_BYTES;
+  if (2*BK < K) {
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 128 + j < K ? TSR_CHUNK_BYTES : 0;
+        const int bytes = BM*pid_m + i < M && 2*BK + j < K ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(operand_smem
-            + ((2 * BM + i) * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
-            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + 128 + j) : x, bytes);
+            + ((2 * BM + i) * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + 2*BK + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-          operand_smem[(2 * BM + i) * 64 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+          operand_smem[(2 * BM + i) * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
               + (j + q) % TSR_CHUNK_BYTES] =
-              BM*pid_m + i < M && 128 + j + q < K ? x[(BM*pid_m + i) * K + 128 + j + q] : 0;
+              BM*pid_m + i < M && 2*BK + j + q < K ? x[(BM*pid_m + i) * K + 2*BK + j + q] : 0;
         }
       }
     }
   }
-  if (128 < K) {
-    for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+  if (2*BK < K) {
+    for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
       const int i = e / (BN / TSR_CHUNK_BYTES);
       const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = 128 + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        const int bytes = 2*BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
         tsr_copy_async16(operand_smem_1
-            + ((2 * 64 + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
-            + j % TSR_CHUNK_BYTES), bytes ? w + ((128 + i) * N + BN*pid_n + j) : w, bytes);
+            + ((2 * BK + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? w + ((2*BK + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-          operand_smem_1[(2 * 64 + i) * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+          operand_smem_1[(2 * BK + i) * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
               + (j + q) % TSR_CHUNK_BYTES] =
-              128 + i < K && BN*pid_n + j + q < N ? w[(128 + i) * N + BN*pid_n + j + q] : 0;
+              2*BK + i < K && BN*pid_n + j + q < N ? w[(2*BK + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
@@ -1216,51 +1220,51 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       low[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 64 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     tsr_copy_wait<2>();
     __syncthreads();
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    if (64*kb + 192 < K) {
-      for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * TSR_CHUNK_BYTES;
+    if (BK*kb + 3*BK < K) {
+      for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+        const int i = e / (BK / TSR_CHUNK_BYTES);
+        const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 64*kb + 192 + j < K ? TSR_CHUNK_BYTES : 0;
+          const int bytes = BM*pid_m + i < M && BK*kb + 3*BK + j < K ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(operand_smem
-              + (((kb + 3) % 4 * BM + i) * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
-              + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + 64*kb + 192 + j) : x,
+              + (((kb + 3) % 4 * BM + i) * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + BK*kb + 3*BK + j) : x,
               bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-            operand_smem[((kb + 3) % 4 * BM + i) * 64
+            operand_smem[((kb + 3) % 4 * BM + i) * BK
                 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
                 + (j + q) % TSR_CHUNK_BYTES] =
-                BM*pid_m + i < M && 64*kb + 192 + j + q < K
-                ? x[(BM*pid_m + i) * K + 64*kb + 192 + j + q] : 0;
+                BM*pid_m + i < M && BK*kb + 3*BK + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + 3*BK + j + q] : 0;
           }
         }
       }
     }
-    if (64*kb + 192 < K) {
-      for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+    if (BK*kb + 3*BK < K) {
+      for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
         const int i = e / (BN / TSR_CHUNK_BYTES);
         const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (w_aligned) {
-          const int bytes = 64*kb + 192 + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+          const int bytes = BK*kb + 3*BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy_async16(operand_smem_1
-              + (((kb + 3) % 4 * 64 + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
-              + j % TSR_CHUNK_BYTES), bytes ? w + ((64*kb + 192 + i) * N + BN*pid_n + j) : w,
+              + (((kb + 3) % 4 * BK + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES), bytes ? w + ((BK*kb + 3*BK + i) * N + BN*pid_n + j) : w,
               bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-            operand_smem_1[((kb + 3) % 4 * 64 + i) * BN
+            operand_smem_1[((kb + 3) % 4 * BK + i) * BN
                 + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
                 + (j + q) % TSR_CHUNK_BYTES] =
-                64*kb + 192 + i < K && BN*pid_n + j + q < N
-                ? w[(64*kb + 192 + i) * N + BN*pid_n + j + q] : 0;
+                BK*kb + 3*BK + i < K && BN*pid_n + j + q < N
+                ? w[(BK*kb + 3*BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
@@ -1268,13 +1272,13 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     tsr_copy_commit();
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[RM], b_k[8];
       for (int r = 0; r < RM; ++r)
-          a_k[r] = (float)operand_smem[((kb) % 4 * BM + ty + r * TY) * 64
+          a_k[r] = (float)operand_smem[((kb) % 4 * BM + ty + r * TY) * BK
           + (kk / TSR_CHUNK_BYTES ^ (ty + r * TY) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = (float)operand_smem_1[((kb) % 4 * 64 + kk) * BN
+          b_k[c] = (float)operand_smem_1[((kb) % 4 * BK + kk) * BN
           + ((tx + c * TX) / TSR_CHUNK_BYTES ^ kk % 8) * TSR_CHUNK_BYTES
           + (tx + c * TX) % TSR_CHUNK_BYTES];
       for (int r = 0; r < RM; ++r) {

@@ -306,6 +306,7 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k0(
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int R = 32;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -314,8 +315,8 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k0(
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
-      t4[(pid_b0 * 32 + row) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
+      t4[(pid_b0 * R + row) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * R + row) * N + j]))
           * (scale[(pid_b0 * 1 + 0) * N + j])))));
     }
   }
@@ -498,6 +499,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_i4_k1(const float* __
   const int lid = (int)threadIdx.x;
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int R = 32;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = blockIdx.x;
   const long long pid_b0 = blockIdx.y;
@@ -506,11 +508,11 @@ extern "C" __global__ void __launch_bounds__(256) quantize_i4_k1(const float* __
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
-          out[((pid_b0 * 32 + row) * N + j) >> 1] =
-          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * 32 + row) * N + j])
+      if ((((pid_b0 * R + row) * N + j) & 1) == 0)
+          out[((pid_b0 * R + row) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * R + row) * N + j])
           * (t2[(pid_b0 * 1 + 0) * N + j])))), -8.0f, 7.0f))),
-          (tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * 32 + row) * N + j + 1])
+          (tsr_round_i4(tsr_saturate_int((rintf(((w[(pid_b0 * R + row) * N + j + 1])
           * (t2[(pid_b0 * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
@@ -524,6 +526,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int BK = 32;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
@@ -536,17 +539,17 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   const long long pid_m = blockIdx.y;
   // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
   if (0 < K) {
-    for (int e = lid; e < 32*BM / 8; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
+        tsr_copy16(a_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          a_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
@@ -562,35 +565,35 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
-    if (32*kb + 32 < K) {
-      for (int e = lid; e < 32*BM / 8; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * 8;
+    if (BK*kb + BK < K) {
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 32*kb + 32 + j < K ? TSR_CHUNK_BYTES : 0;
-          tsr_copy16(a_smem + (((kb + 1) % 2 * BM + i) * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? x + ((BM*pid_m + i) * K + 32*kb + 32 + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(a_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 1) % 2 * BM + i) * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && 32*kb + 32 + j + q < K
-                ? x[(BM*pid_m + i) * K + 32*kb + 32 + j + q] : 0;
+            a_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + BK + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
     // quant_linear.tsr:55: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; kk += MMA_K) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
             a_frag[q] = (short)a_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
-            + lane % TSR_MMA_M) * 32
+            + lane % TSR_MMA_M) * BK
             + ((kk + lane / TSR_MMA_M * 4 + q)
             / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 8
             + (kk + lane / TSR_MMA_M * 4 + q) % 8];
@@ -598,12 +601,12 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
         for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)tsr_float_to_bf16(tsr_round_bf16((((32*kb + kk
+              b_frag[q] = (short)tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk
               + lane / TSR_MMA_M * 4 + q < K
               && BN*pid_n + wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N < N
-              ? (float)(((((int)w[((32*kb + kk + lane / TSR_MMA_M * 4 + q) * N + BN*pid_n
+              ? (float)(((((int)w[((BK*kb + kk + lane / TSR_MMA_M * 4 + q) * N + BN*pid_n
               + wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) >> 1]
-              >> ((((32*kb + kk + lane / TSR_MMA_M * 4 + q) * N + BN*pid_n + wave % 2 * WARP_N
+              >> ((((BK*kb + kk + lane / TSR_MMA_M * 4 + q) * N + BN*pid_n + wave % 2 * WARP_N
               + fn * TSR_MMA_N + lane % TSR_MMA_N) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
               * (kb + 0 < (K)/32 && BN*pid_n + wave % 2 * WARP_N + fn * TSR_MMA_N
               + lane % TSR_MMA_N < N ? scale[(kb + 0) * N + BN*pid_n + wave % 2 * WARP_N
@@ -640,6 +643,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
+  constexpr int BK = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -655,17 +659,17 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
   // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb,
   //   cols=T.n)), f32)
   if (0 < K) {
-    for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * TSR_CHUNK_BYTES;
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy16(operand_smem + (i * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+        tsr_copy16(operand_smem + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
             + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-          operand_smem[i * 64 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+          operand_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
               + (j + q) % TSR_CHUNK_BYTES] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
@@ -673,7 +677,7 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
     }
   }
   if (0 < K) {
-    for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+    for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
       const int i = e / (BN / TSR_CHUNK_BYTES);
       const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
@@ -706,62 +710,62 @@ extern "C" __global__ void __launch_bounds__(256) w8a8(const signed char* __rest
       low[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 64 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    if (64*kb + 64 < K) {
-      for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
-        const int i = e / 4;
-        const int j = e % 4 * TSR_CHUNK_BYTES;
+    if (BK*kb + BK < K) {
+      for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+        const int i = e / (BK / TSR_CHUNK_BYTES);
+        const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && 64*kb + 64 + j < K ? TSR_CHUNK_BYTES : 0;
-          tsr_copy16(operand_smem + (((kb + 1) % 2 * BM + i) * 64
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy16(operand_smem + (((kb + 1) % 2 * BM + i) * BK
               + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
-              bytes ? x + ((BM*pid_m + i) * K + 64*kb + 64 + j) : x, bytes);
+              bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-            operand_smem[((kb + 1) % 2 * BM + i) * 64
+            operand_smem[((kb + 1) % 2 * BM + i) * BK
                 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
                 + (j + q) % TSR_CHUNK_BYTES] =
-                BM*pid_m + i < M && 64*kb + 64 + j + q < K
-                ? x[(BM*pid_m + i) * K + 64*kb + 64 + j + q] : 0;
+                BM*pid_m + i < M && BK*kb + BK + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
-    if (64*kb + 64 < K) {
-      for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+    if (BK*kb + BK < K) {
+      for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
         const int i = e / (BN / TSR_CHUNK_BYTES);
         const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
         if (w_aligned) {
-          const int bytes = 64*kb + 64 + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
           tsr_copy16(operand_smem_1
-              + (((kb + 1) % 2 * 64 + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
-              + j % TSR_CHUNK_BYTES), bytes ? w + ((64*kb + 64 + i) * N + BN*pid_n + j) : w,
+              + (((kb + 1) % 2 * BK + i) * BN + (j / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
+              + j % TSR_CHUNK_BYTES), bytes ? w + ((BK*kb + BK + i) * N + BN*pid_n + j) : w,
               bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-            operand_smem_1[((kb + 1) % 2 * 64 + i) * BN
+            operand_smem_1[((kb + 1) % 2 * BK + i) * BN
                 + ((j + q) / TSR_CHUNK_BYTES ^ i % 8) * TSR_CHUNK_BYTES
                 + (j + q) % TSR_CHUNK_BYTES] =
-                64*kb + 64 + i < K && BN*pid_n + j + q < N
-                ? w[(64*kb + 64 + i) * N + BN*pid_n + j + q] : 0;
+                BK*kb + BK + i < K && BN*pid_n + j + q < N
+                ? w[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
           }
         }
       }
     }
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[RM], b_k[8];
       for (int r = 0; r < RM; ++r)
-          a_k[r] = (float)operand_smem[((kb) % 2 * BM + ty + r * TY) * 64
+          a_k[r] = (float)operand_smem[((kb) % 2 * BM + ty + r * TY) * BK
           + (kk / TSR_CHUNK_BYTES ^ (ty + r * TY) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES];
       for (int c = 0; c < 8; ++c)
-          b_k[c] = (float)operand_smem_1[((kb) % 2 * 64 + kk) * BN
+          b_k[c] = (float)operand_smem_1[((kb) % 2 * BK + kk) * BN
           + ((tx + c * TX) / TSR_CHUNK_BYTES ^ kk % 8) * TSR_CHUNK_BYTES
           + (tx + c * TX) % TSR_CHUNK_BYTES];
       for (int r = 0; r < RM; ++r) {

@@ -280,6 +280,7 @@ inline void linear_per_group_k0(const signed char* __restrict__ w,
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int R = 32;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
@@ -287,8 +288,8 @@ inline void linear_per_group_k0(const signed char* __restrict__ w,
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
-      t4[(pid_b0 * 32 + row) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * 32 + row) * N + j]))
+      t4[(pid_b0 * R + row) * N + j] =
+          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * R + row) * N + j]))
           * (scale[(pid_b0 * 1 + 0) * N + j])))));
     }
   }
@@ -457,6 +458,7 @@ inline void quantize_i4_k1(const float* __restrict__ w, const float* __restrict_
   const int lid = (int)it.get_local_id(2);
   (void)K;  // the grid's extent only
   constexpr int BM = 4;
+  constexpr int R = 32;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   const long long pid_m = it.get_group(2);
   const long long pid_b0 = it.get_group(1);
@@ -464,11 +466,11 @@ inline void quantize_i4_k1(const float* __restrict__ w, const float* __restrict_
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if ((((pid_b0 * 32 + row) * N + j) & 1) == 0)
-          out[((pid_b0 * 32 + row) * N + j) >> 1] =
-          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((sycl::rint(((w[(pid_b0 * 32 + row) * N + j])
+      if ((((pid_b0 * R + row) * N + j) & 1) == 0)
+          out[((pid_b0 * R + row) * N + j) >> 1] =
+          tsr_i4_pair((tsr_round_i4(tsr_saturate_int((sycl::rint(((w[(pid_b0 * R + row) * N + j])
           * (t2[(pid_b0 * 1 + 0) * N + j])))), -8.0f, 7.0f))),
-          (tsr_round_i4(tsr_saturate_int((sycl::rint(((w[(pid_b0 * 32 + row) * N + j + 1])
+          (tsr_round_i4(tsr_saturate_int((sycl::rint(((w[(pid_b0 * R + row) * N + j + 1])
           * (t2[(pid_b0 * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
@@ -497,6 +499,7 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int BK = 32;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -514,35 +517,35 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
       acc[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 32 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
-    for (int e = lid; e < 32*BM / 8; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * 8;
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 32*kb + j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy16(a_smem + (i * 32 + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((BM*pid_m + i) * K + 32*kb + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(a_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_smem[i * 32 + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              BM*pid_m + i < M && 32*kb + j + q < K ? x[(BM*pid_m + i) * K + 32*kb + j + q] : 0;
+          a_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
     // quant_linear.tsr:54: b = tile.cast(tile.cast(tile.load(w, kb, cols=T.n), f32) * s, bf16)
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:55: acc += tile.dot(a, b)
-    for (int kk = 0; kk < 32 && kk < K - 32*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[RM], b_k[4];
       for (int r = 0; r < RM; ++r)
-          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * TY) * 32 + (kk / 8 ^ (ty + r * TY) % 4) * 8
+          a_k[r] = tsr_bf16_to_float(a_smem[(ty + r * TY) * BK + (kk / 8 ^ (ty + r * TY) % 4) * 8
           + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_round_bf16((((32*kb + kk < K && BN*pid_n + tx + c * TX < N
-          ? (float)(((((int)w[((32*kb + kk) * N + BN*pid_n + tx + c * TX) >> 1]
-          >> ((((32*kb + kk) * N + BN*pid_n + tx + c * TX) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
+          b_k[c] = tsr_round_bf16((((BK*kb + kk < K && BN*pid_n + tx + c * TX < N
+          ? (float)(((((int)w[((BK*kb + kk) * N + BN*pid_n + tx + c * TX) >> 1]
+          >> ((((BK*kb + kk) * N + BN*pid_n + tx + c * TX) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
           * (kb + 0 < (K)/32 && BN*pid_n + tx + c * TX < N
           ? scale[(kb + 0) * N + BN*pid_n + tx + c * TX] : 0.0f)));
       for (int r = 0; r < RM; ++r) {
@@ -590,6 +593,7 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
+  constexpr int BK = 64;
   constexpr int THREADS = 4*TSR_WARP_SIZE;
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
@@ -616,48 +620,48 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
       low[t] = 0.0f;
     }
   }
-  for (long long kb = 0; kb * 64 < K; ++kb) {
+  for (long long kb = 0; kb * BK < K; ++kb) {
     sycl::group_barrier(it.get_group());
     // quant_linear.tsr:66: s = tile.cast(tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w,
     //   kb, cols=T.n)), f32)
-    for (int e = lid; e < 64*BM / TSR_CHUNK_BYTES; e += THREADS) {
-      const int i = e / 4;
-      const int j = e % 4 * TSR_CHUNK_BYTES;
+    for (int e = lid; e < BM*BK / TSR_CHUNK_BYTES; e += THREADS) {
+      const int i = e / (BK / TSR_CHUNK_BYTES);
+      const int j = e % (BK / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && 64*kb + j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy16(operand_smem + (i * 64 + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
-            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + 64*kb + j) : x, bytes);
+        const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy16(operand_smem + (i * BK + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+            + j % TSR_CHUNK_BYTES), bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
-          operand_smem[i * 64 + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
+          operand_smem[i * BK + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
               + (j + q) % TSR_CHUNK_BYTES] =
-              BM*pid_m + i < M && 64*kb + j + q < K ? x[(BM*pid_m + i) * K + 64*kb + j + q] : 0;
+              BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
-    for (int e = lid; e < 64*BN / TSR_CHUNK_BYTES; e += THREADS) {
+    for (int e = lid; e < BK*BN / TSR_CHUNK_BYTES; e += THREADS) {
       const int i = e / (BN / TSR_CHUNK_BYTES);
       const int j = e % (BN / TSR_CHUNK_BYTES) * TSR_CHUNK_BYTES;
       if (w_aligned) {
-        const int bytes = 64*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
+        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
         tsr_copy16(operand_smem_1
             + (i * BN + (j / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES + j % TSR_CHUNK_BYTES),
-            bytes ? w + ((64*kb + i) * N + BN*pid_n + j) : w, bytes);
+            bytes ? w + ((BK*kb + i) * N + BN*pid_n + j) : w, bytes);
       } else {
         for (int q = 0; q < TSR_CHUNK_BYTES; ++q) {
           operand_smem_1[i * BN + ((j + q) / TSR_CHUNK_BYTES ^ i % 4) * TSR_CHUNK_BYTES
               + (j + q) % TSR_CHUNK_BYTES] =
-              64*kb + i < K && BN*pid_n + j + q < N ? w[(64*kb + i) * N + BN*pid_n + j + q] : 0;
+              BK*kb + i < K && BN*pid_n + j + q < N ? w[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
         }
       }
     }
     sycl::group_barrier(it.get_group());
     float dot[BM*BN / THREADS];
     for (int t = 0; t < BM*BN / THREADS; ++t) dot[t] = 0.0f;
-    for (int kk = 0; kk < 64 && kk < K - 64*kb; ++kk) {
+    for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[RM], b_k[4];
       for (int r = 0; r < RM; ++r)
-          a_k[r] = (float)operand_smem[(ty + r * TY) * 64
+          a_k[r] = (float)operand_smem[(ty + r * TY) * BK
           + (kk / TSR_CHUNK_BYTES ^ (ty + r * TY) % 4) * TSR_CHUNK_BYTES + kk % TSR_CHUNK_BYTES];
       for (int c = 0; c < 4; ++c)
           b_k[c] = (float)operand_smem_1[kk * BN

@@ -31,6 +31,7 @@ __all__ = [
     "resolve_type",
     "resolve_result",
     "type_expr",
+    "FixedSizes",
     "unimplemented_policies",
     "TENSOR_TYPES",
     "TYPE_NAMES",
@@ -387,6 +388,61 @@ def _arg_text(arg: ast.Expr) -> str:
     if isinstance(arg, ast.StrLit):
         return f'"{arg.value}"'
     raise SemanticError("policy arguments are names or numbers", arg.span)
+
+
+#: The largest size that generated code declares as a named constant (a C ``int``).
+_INT_MAX = 2**31 - 1
+
+
+class FixedSizes:
+    """The sizes that a kernel declares alone in a dim (``K`` of ``Tensor["M", "K"]``)
+    and its caller gives as one number everywhere (``Tensor["T", 256]``): the kernel,
+    typed for the caller, keeps their names. Its parameters are typed with the name where
+    the number stands (``respelled``), and ``defines`` gives each name its number spelled
+    as the name (``Dim.spelled``), so that the analysed kernel's dims are the numbers, to
+    every pass, and generated code can print ``K`` for 256 where a dim is that size."""
+
+    def __init__(self, pairs: list[tuple[ValueType, ValueType]], taken: frozenset[str]) -> None:
+        """``pairs`` are each parameter's (or result's) declared type and the type the
+        caller gives it; ``taken`` are the caller's sizes, whose names none may have."""
+        values: dict[str, set[int | None]] = {}
+        for declared, given in pairs:
+            for want, have in _aligned(declared, given):
+                if want.symbol is not None:
+                    values.setdefault(want.symbol, set()).add(have.constant)
+        self.values = {
+            name: value
+            for name, (value,) in ((n, tuple(v)) for n, v in values.items() if len(v) == 1)
+            if value is not None and 1 < value <= _INT_MAX
+            and name not in taken and not name.startswith("T.")
+        }  # fmt: skip
+
+    def respelled(self, declared: ValueType, given: TensorType) -> TensorType:
+        """``given`` with the fixed sizes' names where ``declared`` has them: a size
+        alone (``K``), or a dim made of them only (``D/2``) that is the given number."""
+        aligned = _aligned(declared, given)
+        if not aligned:
+            return given
+        spelled = [
+            want if want.symbols() and want.symbols() <= self.values.keys()
+            and want.substitute(self.values) == have else have
+            for want, have in aligned
+        ]  # fmt: skip
+        return given.with_(dims=(*given.dims[: given.rank - len(spelled)], *spelled))
+
+    @property
+    def defines(self) -> dict[str, Dim]:
+        return {name: Dim.named(value, Dim.sym(name)) for name, value in self.values.items()}
+
+
+def _aligned(declared: ValueType, given: ValueType) -> list[tuple[Dim, Dim]]:
+    """The declared dims of a tensor, each with the given dim in its place: the last
+    ones, as a kernel's grid takes leading batch dims it does not declare."""
+    if not (isinstance(declared, TensorType) and isinstance(given, TensorType)):
+        return []
+    if declared.rank > given.rank:
+        return []
+    return list(zip(declared.dims, given.dims[given.rank - declared.rank :], strict=True))
 
 
 def type_expr(t: TensorType) -> ast.TypeExpr:

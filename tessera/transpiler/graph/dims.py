@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import field
 from fractions import Fraction
 from functools import cache, cached_property, lru_cache
+from typing import Any
 
 from ...frozen import frozen
 from ..frontend.depth import MAX_DEPTH
@@ -29,6 +31,22 @@ Monomial = tuple[tuple[str, int], ...]
 @frozen
 class Dim:
     terms: tuple[tuple[Monomial, Fraction], ...]
+    #: For a constant written by a name: that spelling (a ``Dim``), or how to make it
+    #: from the operands of the arithmetic that gave the constant (``(combine, a, b)``),
+    #: which only a backend that prints it pays for. ``spelled`` reads it.
+    written: Any = field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def spelled(self) -> Dim | None:
+        """For a constant: the sizes it was written as, where a name gave it (a library
+        kernel's ``K`` that its caller fixes to 256, ``K/2``, a loop's literal step), so
+        that generated code may print that in its place. It takes no part in equality,
+        hashing or ``str``: the dim is its value to every pass and printer of the IR."""
+        if self.written is None or isinstance(self.written, Dim):
+            return self.written
+        combine, a, b = self.written
+        spelled = combine(a.spelled or a, b.spelled or b)
+        return spelled if spelled.constant is None else None
 
     # -- construction ----------------------------------------------------------
 
@@ -45,9 +63,22 @@ class Dim:
         return Dim._make({((name, 1),): _ONE})
 
     @staticmethod
+    def named(value: int, spelled: Dim) -> Dim:
+        """The constant ``value``, spelled ``spelled`` (``Dim.named(256, Dim.sym("K"))``)."""
+        return Dim(Dim.const(value).terms, spelled)
+
+    @staticmethod
     def _make(terms: dict[Monomial, Fraction]) -> Dim:
         kept = sorted((m, c) for m, c in terms.items() if c != 0)
         return Dim(tuple(kept))
+
+    def _spelled_too(self, result: Dim, other: Dim, combine: Callable[[Dim, Dim], Dim]) -> Dim:
+        """``result`` of ``self`` and ``other``, where it is a constant and either operand
+        was written by a name: spelled as ``combine`` of their spellings (``K/2`` of
+        ``K``), once asked."""
+        if result.constant is None or not result.terms or result is self or result is other:
+            return result
+        return Dim(result.terms, (combine, self, other))
 
     # -- arithmetic ------------------------------------------------------------
 
@@ -58,10 +89,15 @@ class Dim:
         terms = dict(self.terms)
         for monomial, coeff in other.terms:
             terms[monomial] = terms.get(monomial, _ZERO) + coeff
-        return Dim._make(terms)
+        if self.written is None and other.written is None:
+            return Dim._make(terms)
+        return self._spelled_too(Dim._make(terms), other, Dim.__add__)
 
     def __neg__(self) -> Dim:
-        return Dim._make({m: -c for m, c in self.terms})
+        negated = Dim._make({m: -c for m, c in self.terms})
+        if self.written is None or not negated.terms:
+            return negated
+        return Dim(negated.terms, (Dim.__mul__, self, Dim.const(-1)))
 
     def __sub__(self, other: Dim | int) -> Dim:
         return self + -_as_dim(other)
@@ -77,7 +113,9 @@ class Dim:
             for m2, c2 in other.terms:
                 monomial = _multiply(m1, m2)
                 terms[monomial] = terms.get(monomial, _ZERO) + c1 * c2
-        return Dim._make(terms)
+        if self.written is None and other.written is None:
+            return Dim._make(terms)
+        return self._spelled_too(Dim._make(terms), other, Dim.__mul__)
 
     def __truediv__(self, other: Dim | int) -> Dim:
         """Exact division; only by a single term (``S/2``, ``E/heads``)."""
@@ -88,7 +126,9 @@ class Dim:
             raise ValueError(f"cannot divide by a sum ({other})")
         monomial, coeff = other.terms[0]
         inverse = Dim(((tuple((s, -p) for s, p in monomial), 1 / coeff),))
-        return self * inverse
+        if self.written is None and other.written is None:
+            return self * inverse
+        return self._spelled_too(self * inverse, other, Dim.__truediv__)
 
     # -- queries ---------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from ..frontend.source import Span
 from ..options import Options
 from . import loss_scale, optim, optstate, quant  # noqa: F401  (they register graph ops)
 from .annotations import (
+    FixedSizes,
     resolve_result,
     resolve_type,
     result_expr,
@@ -1284,6 +1285,9 @@ class _FunctionAnalyzer:
             return
         bound = bind(spec, args, keywords, call.span, "tile.range_n")
         extent, block, prefetch = range_extent(OpCall(spec, bound, call.span, self, "tile.range_n"))
+        if block.constant is not None and block.spelled is None:
+            # a literal step is a size of the kernel's, as a tile's is (``Dim.spelled``)
+            block = Dim.named(block.constant, Dim.sym(f"{stmt.target.id}.block"))
         before = dict(self.env)
         carried = [n for n in _assigned_names(stmt.body) if isinstance(before.get(n), Value)]
         index = new_value(BlockType(block, extent), stmt.target.id, stmt.target.span)
@@ -1630,15 +1634,29 @@ class _TileCall(_Inlined):
         error in it is the call's, with a note at the kernel's line: an error of the
         kernel as written (said where it is defined too, unless ``--kernel`` leaves it
         out), or one that only these types give."""
-        params = tuple(
-            replace(p, annotation=type_expr(typed[p.name])) if p.name in typed else p
-            for p in self.node.params
-        )
-        node = replace(self.node, params=params, returns=result_expr(results))
         sizes = frozenset(
             s for t in (*typed.values(), *results) for d in t.dims for s in d.symbols()
         )
-        function, error = _analysed(self.owner, node, sizes)
+        # the kernel's own names for the sizes that the call fixes (``FixedSizes``)
+        defines = dict(self.owner.options.defines)
+        declared = {p.name: resolve_type(p.annotation, defines) for p in self.node.params
+                    if p.name in typed and p.annotation is not None}  # fmt: skip
+        declared_results = result_types(resolve_result(self.node.returns, defines))
+        paired = (
+            list(zip(declared_results, results, strict=True))
+            if len(declared_results) == len(results)
+            else []
+        )
+        fixed = FixedSizes([*((declared[n], t) for n, t in typed.items()), *paired], sizes)
+        if paired:
+            results = tuple(fixed.respelled(d, t) for d, t in paired)
+        params = tuple(
+            replace(p, annotation=type_expr(fixed.respelled(declared[p.name], typed[p.name])))
+            if p.name in typed else p
+            for p in self.node.params
+        )  # fmt: skip
+        node = replace(self.node, params=params, returns=result_expr(results))
+        function, error = _analysed(self.owner, node, sizes, fixed.defines)
         if error is None:
             assert function is not None
             return function
@@ -1653,12 +1671,15 @@ class _TileCall(_Inlined):
 
 
 def _analysed(
-    owner: _ModuleAnalyzer, node: ast.FunctionDef, given: frozenset[str]
-) -> tuple[Function | None, Diagnostic | None]:
+    owner: _ModuleAnalyzer, node: ast.FunctionDef, given: frozenset[str],
+    fixed: dict[str, Dim] | None = None,
+) -> tuple[Function | None, Diagnostic | None]:  # fmt: skip
     """``node`` analysed as a function of the module, with the sizes ``given`` known
-    from outside, and its first error, if any, which is not reported."""
+    from outside, and those of ``fixed`` fixed to their dims, and its first error, if
+    any, which is not reported."""
     analyzer = _FunctionAnalyzer(owner, node)
     analyzer.given = given
+    analyzer.defines.update(fixed or {})
     analyzer.diags = Diagnostics()
     function = analyzer.run()
     errors = [d for d in analyzer.diags.items if d.severity is Severity.ERROR]

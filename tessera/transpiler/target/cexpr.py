@@ -37,16 +37,19 @@ def c_dim(
     names: dict[str, str] | None = None,
     strides: dict[str, tuple[int, str]] | None = None,
     unit: tuple[int, str] | None = None,
+    spelled: dict[str, str] | None = None,
 ) -> str:
     """An integer C expression for ``dim``; ``names`` renames symbols (program ids,
-    loop counters), and ``strides`` names the tile size a symbol steps by, which its
-    term's coefficient is printed as where it equals it (``BM*pid_m``), as is a constant
-    term of a multiple of that size beside it (the next blocks, ``BN*nblk + BN``,
-    ``BK*kb + 2*BK``). ``unit`` is the size and name of the tile that the dim counts
-    whole tiles of (an offset along an axis of tiles of that size): a constant of a
-    multiple of it prints as that (``BK``, ``2*BK``), and so does a symbol's coefficient
-    of its size (``BD*pid_b0``). Fractions divide last, after the symbols multiply, so
-    ``D/2`` is exact whenever the guards hold."""
+    loop counters), and ``spelled`` gives the C names of the sizes that a constant may
+    be spelled in (``Dim.spelled``): a constant spelled in them prints as its spelling
+    (``K``, ``D/2``), any other as its number. ``strides`` names the tile size a symbol
+    steps by, which its term's coefficient is printed as where it equals it
+    (``BM*pid_m``), as is a constant term of a multiple of that size beside it (the next
+    blocks, ``BN*nblk + BN``, ``BK*kb + 2*BK``). ``unit`` is the size and name of the
+    tile that the dim counts whole tiles of (an offset along an axis of tiles of that
+    size): a constant of a multiple of it prints as that (``BK``, ``2*BK``), and so does
+    a symbol's coefficient of its size (``BD*pid_b0``). Fractions divide last, after the
+    symbols multiply, so ``D/2`` is exact whenever the guards hold."""
     names = names or {}
     strides = strides or {}
     stepped = {
@@ -57,6 +60,9 @@ def c_dim(
     if unit is not None:
         stepped.setdefault(*unit)
     if dim.constant is not None:
+        by_name = dim.spelled is not None and spelled and dim.spelled.symbols() <= spelled.keys()
+        if by_name:  # a size alone over a number reads without parentheses: D/2
+            return re.sub(r"^\((\w+)\)/", r"\1/", c_dim(dim.spelled, spelled))
         return _tiles(dim.constant, stepped) or str(dim.constant)
     parts = []
     for monomial, coeff in sorted(dim.terms, key=lambda t: t[0] == ()):
@@ -101,10 +107,14 @@ def c_factor(
     dim: Dim,
     names: dict[str, str] | None = None,
     strides: dict[str, tuple[int, str]] | None = None,
+    spelled: dict[str, str] | None = None,
 ) -> str:
-    """``c_dim``, parenthesized where it is a sum (``C - 8``), to multiply by."""
-    text = c_dim(dim, names, strides)
-    return f"({text})" if len(dim.terms) > 1 else text
+    """``c_dim``, parenthesized where it is a sum (``C - 8``) or a quotient (``(D)/2``),
+    to multiply by."""
+    text = c_dim(dim, names, strides, spelled=spelled)
+    if len(dim.terms) > 1 or (dim.spelled is not None and not re.fullmatch(r"[\w*]+", text)):
+        return f"({text})"
+    return text
 
 
 def kv_slot(op: Any, lengths: str, c: Callable[[Dim], str]) -> str:

@@ -222,10 +222,12 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         #: counters keep theirs unless C or the loops this emitter writes take them.
         self.symbols = symbol_names((*dims, *pids, *counters), _RESERVED)
         self.constants = tile_constants(
-            kernel, frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY | GPU_BUILTINS
+            kernel,
+            frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY | GPU_BUILTINS,
+            spelled=True,
         )
         #: ``c``'s text of each (dim, unit) it has printed.
-        self.printed: dict[tuple[Dim, Dim | None], str] = {}
+        self.printed: dict[tuple[Dim | None, ...], str] = {}
         # Nor does a value take the name of a function the code may call (``rsqrt``).
         self.namer = Namer(
             frozenset(self.symbols.values()) | _RESERVED | C_LIBRARY | self.constants.names
@@ -399,17 +401,24 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
     def c(self, dim: Dim, unit: Dim | None = None) -> str:
         """``dim`` in C; where it is an offset along an axis of tiles of ``unit`` (a
         tile's name, or a size that one tile has), a whole number of them prints as that
-        (``BK``, ``BK*kb + 2*BK``, ``BD*pid_b0``). Kept by dim: a kernel prints the same
-        offsets and sizes many times."""
-        text = self.printed.get((dim, unit))
+        (``BK``, ``BK*kb + 2*BK``, ``BD*pid_b0``). Kept by dim and spelling: a kernel
+        prints the same offsets and sizes many times."""
+        key = (dim, dim.spelled, unit, unit.spelled if unit is not None else None)
+        text = self.printed.get(key)
         if text is None:
-            text = c_dim(dim, self.symbols, self.constants.strides, self.tile_unit(unit))
-            self.printed[(dim, unit)] = text
+            text = c_dim(dim, self.symbols, self.constants.strides, self.tile_unit(unit),
+                         self.constants.spelled_names)  # fmt: skip
+            self.printed[key] = text
         return text
 
     def tile_unit(self, size: Dim | None) -> tuple[int, str] | None:
-        """The size and name of the schedule's tile ``size`` (a tile's name), or of
-        size ``size``, where one tile has it."""
+        """The size and name of the schedule's tile ``size`` (a tile's name), of the
+        size that ``size`` is spelled as (``D``), or of size ``size``, where one tile
+        has it."""
+        if size is not None and size.spelled is not None and size.constant:
+            text = c_dim(size, spelled=self.constants.spelled_names)
+            if re.fullmatch(r"[A-Za-z_]\w*", text):
+                return size.constant, text
         if size is not None and size.constant is None:
             tile = {name: value for value, name in self.constants.extents.values()}
             return next(((tile[n], n) for n in (str(size),) if n in tile), None)
@@ -419,7 +428,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
 
     def factor(self, dim: Dim) -> str:
         """``c``, parenthesized where the dim is a sum (``C - 8``), to multiply by."""
-        return c_factor(dim, self.symbols, self.constants.strides)
+        return c_factor(dim, self.symbols, self.constants.strides, self.constants.spelled_names)
 
     def run(self) -> SimtKernel:
         params = []
@@ -1108,8 +1117,14 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self, tensor: Value, at: Access, index: tuple[str, ...], t: Any = None
     ) -> tuple[str, str]:
         """(element offset, condition) of the access at a tile index, of a tile (or
-        buffer) of type ``t`` where one is given: its tiles name the offsets."""
-        return self.position(tensor.type.dims, at, index, t)
+        buffer) of type ``t`` where one is given: its tiles name the offsets. A dim of
+        the tensor strides by the access's extent (or a merged axis's whole size) where
+        that is the same size spelled as the kernel declares it (``K``, ``4*D``)."""
+        dims = tuple(
+            next((s for s in (a.extent, a.whole) if s is not None and s.spelled and s == d), d)
+            for a, d in zip(at.axes, tensor.type.dims, strict=True)
+        )
+        return self.position(dims, at, index, t)
 
     def position(
         self, dims: tuple[Dim, ...], at: Access, index: tuple[str, ...], t: Any = None

@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from dataclasses import field
+from functools import cached_property
 from typing import Any
 
 from ...frozen import frozen
@@ -46,13 +48,23 @@ class TileConstants:
     #: its producer warpgroup: each count and its C name.
     threads: tuple[int, str]
     producers: tuple[int, str]
+    #: Each size that the kernel's constants are spelled in (``TileKernel.sizes``): its
+    #: value and C name; none where the backend prints those constants as numbers.
+    spelled: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def names(self) -> frozenset[str]:
         return frozenset(name for _, name in self._values())
 
+    @cached_property
+    def spelled_names(self) -> dict[str, str]:
+        """The C name of each size that constants are spelled in, for ``c_dim`` (kept:
+        a kernel prints thousands of dims)."""
+        return {size: name for size, (_, name) in self.spelled.items()}
+
     def _values(self) -> tuple[tuple[int, str], ...]:
-        return (*self.strides.values(), *self.extents.values(), self.threads, self.producers)
+        return (*self.strides.values(), *self.extents.values(), self.threads, self.producers,
+                *self.spelled.values())  # fmt: skip
 
     def shape(self, t: Any) -> tuple[Dim, ...]:
         """The dims of a tile or shared type, for printing: a dim that the type says is
@@ -80,9 +92,12 @@ class TileConstants:
         names and its run-time sizes (``print_dim`` prints them), in the type's order
         (``2*BM*BK``)."""
         dims = self.shape(t)
-        number = math.prod((d.constant for d in dims if d.constant is not None), start=1)
+        printed = [print_dim(d) for d in dims]
+        number = math.prod((d.constant for d, p in zip(dims, printed, strict=True)
+                            if d.constant is not None and p.isdigit()), start=1)  # fmt: skip
         number *= 1 if slot else getattr(t, "stages", 1)
-        factors = [print_dim(d) for d in dims if d.constant is None]
+        factors = [p for d, p in zip(dims, printed, strict=True)
+                   if d.constant is None or not p.isdigit()]  # fmt: skip
         return "*".join(([str(number)] if number != 1 or not factors else []) + factors)
 
     def declarations(
@@ -101,17 +116,34 @@ class TileConstants:
         ]
 
 
-def tile_constants(kernel: TileKernel, taken: frozenset[str]) -> TileConstants:
+def tile_constants(
+    kernel: TileKernel, taken: frozenset[str], spelled: bool = False
+) -> TileConstants:
     """The constants of ``kernel``, each named after its tile (``BM``) unless a name in
-    ``taken`` (a size, a program id, a name the generated code declares) has it."""
+    ``taken`` (a size, a program id, a name the generated code declares) has it. With
+    ``spelled``, the sizes its constants are spelled in are constants too: a library
+    kernel's ``K``, and a loop's literal step, named as a tile's after its counter
+    (``BK`` for ``kb``); without, a loop steps by a number."""
     sizes = dict(kernel.tiles)
+    fixed = dict(kernel.sizes) if spelled else {}
+    # a literal step's size is the loop's (``kb.block``), named after its counter
+    steps = {tile: symbol for symbol, tile in kernel.strides
+             if tile in fixed and not tile.isidentifier()}  # fmt: skip
     namer = Namer(taken)
     names: dict[str, str] = {}
-    for tile in (*(tile for _, tile in kernel.strides), *sizes):
-        if tile not in names:
+    for tile in (*(tile for _, tile in kernel.strides), *sizes, *fixed):
+        if tile in names or (tile not in sizes and tile not in fixed):
+            continue
+        if tile in steps:
+            names[tile] = namer.fresh(f"B{steps[tile][0].upper()}")
+        else:
             names[tile] = namer.fresh(C_NAMES.get(tile, tile.replace("T.", "B").upper()))
-    strides = {symbol: (sizes[tile], names[tile]) for symbol, tile in kernel.strides}
+    known = {**sizes, **fixed}
+    strides = {symbol: (known[tile], names[tile]) for symbol, tile in kernel.strides
+               if tile in known}  # fmt: skip
     extents = {tile: (sizes[tile], names[tile]) for tile in sizes}
     threads = namer.fresh("CONSUMERS" if kernel.producer else "THREADS")
     producers = namer.fresh("PRODUCERS")
-    return TileConstants(strides, extents, (kernel.threads, threads), (kernel.producer, producers))
+    named = {size: (value, names[size]) for size, value in fixed.items()}
+    return TileConstants(strides, extents, (kernel.threads, threads), (kernel.producer, producers),
+                         named)  # fmt: skip

@@ -28,13 +28,13 @@ from typing import Any
 from ..frontend import ast
 from ..frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Note, Severity
 from ..frontend.kept_parse import parse_library_file
-from ..graph.annotations import result_expr, type_expr
+from ..graph.annotations import FixedSizes, resolve_result, resolve_type, result_expr, type_expr
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
 from ..graph.graph_ops import DRAWN, rows_permuted, view_starts
 from ..graph.ir import Function, Op, Value, new_value
 from ..graph.sema import analyze
-from ..graph.types import ScalarType, TensorType, TileType, in_memory
+from ..graph.types import ScalarType, TensorType, TileType, in_memory, result_types
 from ..options import Options
 from .ir import Access, Axis
 from .lower import KernelInput, Prologue, View
@@ -83,6 +83,15 @@ def _stdlib_module(template: str) -> ast.Module:
     return parse_library_file(f"tessera/stdlib/{template}.tsr", text)
 
 
+@functools.cache
+def _declared_types(template: str) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """The library kernel's parameter and result types as it declares them, in its own
+    sizes (``a: [M, K]``), by parameter name, for ``FixedSizes``."""
+    (fn,) = _stdlib_module(template).functions()
+    params = {p.name: resolve_type(p.annotation, {}) for p in fn.params if p.annotation}
+    return params, result_types(resolve_result(fn.returns, {}))
+
+
 def stdlib_kernel(
     template: str, operands: tuple[TensorType, ...], results: tuple[TensorType, ...],
     span: Any, names: tuple[str, ...],
@@ -118,14 +127,27 @@ def _typed_kernel(
     first = operands[0]
     absent = TensorType((first.dims[-1],), first.dtype)
     typed.update((n, absent) for n in TEMPLATE_PARAMS[template] if n not in typed)
-    params = tuple(
-        dataclasses.replace(p, annotation=type_expr(typed[p.name])) if p.name in typed else p
-        for p in fn.params
+    sizes = frozenset(s for t in (*operands, *results) for d in t.dims for s in d.symbols())
+    # the library's own names for the sizes that the caller fixes (gemm's K of 256)
+    declared, declared_results = _declared_types(template)
+    paired = (
+        list(zip(declared_results, results, strict=True))
+        if len(declared_results) == len(results)
+        else []
     )
+    fixed = FixedSizes([*((declared[n], t) for n, t in typed.items()), *paired], sizes)
+    if paired:
+        results = tuple(fixed.respelled(d, t) for d, t in paired)
+    params = tuple(
+        dataclasses.replace(p, annotation=type_expr(fixed.respelled(declared[p.name],
+                                                                    typed[p.name])))
+        if p.name in typed else p
+        for p in fn.params
+    )  # fmt: skip
     fn = dataclasses.replace(fn, params=params, returns=result_expr(results))
     diags = Diagnostics()
-    sizes = frozenset(s for t in (*operands, *results) for d in t.dims for s in d.symbols())
-    module = analyze(ast.Module((fn,), span=fn.span), Options(), diags, sizes)
+    options = Options(defines=tuple(sorted(fixed.defines.items())))
+    module = analyze(ast.Module((fn,), span=fn.span), options, diags, sizes)
     diags.check()
     return module.functions[0]
 
@@ -387,7 +409,9 @@ def _epilogue_operand(
             axes.append(Axis(Dim.const(0), Dim.const(1), extent, index=place.index))
             names.append(None)
         else:
-            axes.append(dataclasses.replace(place, extent=extent))
+            # the output's extent where it is this size spelled as the kernel's (``K``)
+            same = place.extent.spelled is not None and place.extent == extent
+            axes.append(dataclasses.replace(place, extent=place.extent if same else extent))
             names.append(tile_of.get(place_at))
     access = Access(tuple(a for i, a in enumerate(axes) if i not in inserted))
     source = value

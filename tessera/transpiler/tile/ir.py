@@ -27,6 +27,7 @@ barriers stand where they are needed. Operations reuse the Graph IR's ``Op``,
 
 from __future__ import annotations
 
+import math
 from dataclasses import field
 
 from ...frozen import frozen
@@ -71,6 +72,10 @@ class Axis:
     extent: Dim
     masked: bool = False
     index: bool = False
+    #: The tensor's size along an axis of several merged (``Access.rows_permuted``: the
+    #: heads of ``[T, 4*64]``), which the access ends before, where it is spelled by name
+    #: (``4*D``, ``Dim.spelled``) for a backend to stride by; None otherwise.
+    whole: Dim | None = field(default=None, compare=False, repr=False)
 
     def __str__(self) -> str:
         if self.index:
@@ -107,7 +112,9 @@ class Access:
             offset = offset * axis.extent + axis.offset
         last = place[-1]
         base = offset * last.extent
-        columns = Axis(base + last.offset, last.size, base + last.extent)
+        whole = math.prod((axis.extent for axis in place[rows + 1 :]), start=Dim.const(1))
+        columns = Axis(base + last.offset, last.size, base + last.extent,
+                       whole=whole if whole.spelled is not None else None)  # fmt: skip
         return Access((*place[: rows + 1], columns))
 
     def __str__(self) -> str:
@@ -285,6 +292,11 @@ class TileKernel:
     #: offset is ``128*pid_m``: which number is a tile size is known here, not from its
     #: value, which another size may share.
     strides: tuple[tuple[str, str], ...] = ()
+    #: The sizes that constants of the kernel are spelled in (``Dim.spelled``), each with
+    #: its value: a library kernel's sizes that its caller fixes (gemm's ``K`` of 256),
+    #: and the literal steps of ``tile.range_n`` loops, which ``strides`` may step by. A
+    #: backend may declare them and print a constant spelled in them as its spelling.
+    sizes: tuple[tuple[str, int], ...] = ()
     span: Span | None = field(default=None, compare=False, repr=False)
     #: The name of an earlier kernel of the module whose content is this one's
     #: (``shape_key.py``): a function's launches lowered again in a function that calls

@@ -63,6 +63,7 @@ def cache_kernel(
         new_value(ty, n)
         for ty, n in zip((k_type, v_type, lengths_type), flat_names(cache.name), strict=True)
     )
+    sizes: tuple[tuple[str, int], ...] = ()
     if op.kind == "kvcache.visible":
         seen = tensors[op.result.id]
         programs, stacked, _ = seen.type.dims
@@ -81,6 +82,8 @@ def cache_kernel(
     else:
         k, v = (tensors[x.id] for x in op.operands[1:])
         batch, heads, s_max, dim = t.dims
+        if dim.constant is not None:  # the head dim by its name, as a library kernel's
+            dim, sizes = Dim.named(dim.constant, Dim.sym("D")), (("D", dim.constant),)
         window = rolling_window(t)
         grid = (GridAxis("pid_m", k.type.dims[2]), GridAxis("pid_b0", batch),
                 GridAxis("pid_b1", heads))  # fmt: skip
@@ -91,9 +94,16 @@ def cache_kernel(
         row = TileType((_ONE, dim), t.dtype)
         for new, stored in ((k, k_cache), (v, v_cache)):
             read = new_value(row, f"{new.name}_row")
-            body_ops.append(Op("load", (new,), (read,), (("at", _rows(new, Dim.sym("pid_m"))),),
-                               span=op.span))  # fmt: skip
-            at = _rows(stored, Dim.sym(slot.name))
+            body_ops.append(
+                Op(
+                    "load",
+                    (new,),
+                    (read,),
+                    (("at", _rows(new, Dim.sym("pid_m"), dim)),),
+                    span=op.span,
+                )
+            )
+            at = _rows(stored, Dim.sym(slot.name), dim)
             body_ops.append(
                 Op("store", (stored, read), (), (("at", at),), ("write",), span=op.span)
             )
@@ -102,7 +112,7 @@ def cache_kernel(
     return TileKernel(
         name, function.name, launch.name, "state", _TEMPLATES[op.kind], params, grid,
         (("T.m", 1),), launch.threads, launch.warps, 1, launch.vector, "none",
-        Block((), body), span=op.span,
+        Block((), body), span=op.span, sizes=sizes,
     )  # fmt: skip
 
 
@@ -112,13 +122,13 @@ _TEMPLATES = {
 }  # fmt: skip
 
 
-def _rows(tensor: Value, row: Dim) -> Access:
+def _rows(tensor: Value, row: Dim, width: Dim) -> Access:
     """One row of ``[B, H, rows, D]``: batch row ``pid_b0``, head ``pid_b1``, ``row``, and
-    every column."""
+    every column, ``width`` of them (``D``, spelled so where it is a number)."""
     dims = tensor.type.dims
     return Access((
         Axis(Dim.sym("pid_b0"), _ONE, dims[0], index=True),
         Axis(Dim.sym("pid_b1"), _ONE, dims[1], index=True),
         Axis(row, _ONE, dims[2]),
-        Axis(_ZERO, dims[3], dims[3]),
+        Axis(_ZERO, width, width),
     ))  # fmt: skip

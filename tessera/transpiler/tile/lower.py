@@ -20,7 +20,7 @@ from ...frozen import frozen
 from ..frontend.diagnostics import CompileError, Diagnostic, Severity
 from ..graph.dims import Dim
 from ..graph.ir import Block, Function, Op, Value, new_value, walk
-from ..graph.types import ScalarType, TensorType, TileType
+from ..graph.types import ScalarType, TensorType, TileType, TupleType
 from ..schedule.ir import Launch
 from .ir import Access, Axis, GridAxis, TileKernel
 from .rewrite import use_counts
@@ -114,6 +114,7 @@ def lower_tile_function(function: Function, launch: Launch, given: KernelInput) 
         lowering.grid, lowering.tiles, launch.threads, launch.warps, launch.stages,
         launch.vector, launch.swizzle, body, span=function.span, persistent=launch.persistent,
         strides=(*lowering.pid_strides(), *lowering.counter_strides),
+        sizes=_spelled_sizes(function),
     )  # fmt: skip
 
 
@@ -241,9 +242,10 @@ class _Lowering:
             if view is not None:
                 output, access = view.source, view.access(access)
             self.emit("store", (output, result), (), (("at", access),), ("write",))
-            for old, out in zip(self.function.body.yields[1:], self.given.beside, strict=True):
+            beside = zip(self.function.body.yields[1:], self.given.beside, strict=True)
+            for result, (old, out) in enumerate(beside, 1):
                 tile = self.value(old)
-                at = self.access(out, tile.type.dims, None)
+                at = self.access(out, tile.type.dims, None, result)
                 self.emit("store", (out, tile), (), (("at", at),), ("write",))
         body = Block((), tuple(self.ops))
         uses = use_counts(body)
@@ -282,10 +284,12 @@ class _Lowering:
 
     # -- memory -----------------------------------------------------------------------
 
-    def access(self, tensor: Value, tile_dims: tuple[Dim, ...], op: Op | None) -> Access:
+    def access(
+        self, tensor: Value, tile_dims: tuple[Dim, ...], op: Op | None, result: int = 0
+    ) -> Access:
         """The place a load or store covers, from its ``rows``/``cols`` modes (or, for
-        the returned tile, the program's own block)."""
-        dims = tensor.type.dims
+        the function's ``result``-th returned tile, the program's own block)."""
+        dims = _spelled_like(tensor.type.dims, self._declared(op, result))
         modes = dict(op.attrs) if op is not None else {}
         blocks = list(op.operands[2 if op.kind == "tile.store" else 1 :]) if op else []
         tiled = dims[-len(tile_dims) :]
@@ -362,6 +366,16 @@ class _Lowering:
             self.function.return_span or self.function.span,
         ),))  # fmt: skip
 
+    def _declared(self, op: Op | None, result: int) -> tuple[Dim, ...]:
+        """The dims of the tensor that ``op`` (a load or store, or None: the store of the
+        ``result``-th returned tile) reads or writes, as the function declares it, whose
+        constants may be spelled in its sizes where the kernel parameter's are numbers."""
+        if op is not None:
+            return getattr(op.operands[0].type, "dims", ())
+        declared = self.function.result_type
+        declared = declared.items[result] if isinstance(declared, TupleType) else declared
+        return getattr(declared, "dims", ())
+
     def _batch_pids(self, count: int) -> list[str]:
         """Leading tensor dims line up, from the right, with the grid's batch axes."""
         names = [self.pid_names[f"pid_b{i}"] for i in range(len(self.batch))]
@@ -414,9 +428,12 @@ class _Lowering:
         counter = new_value(INDEX, self.unique(block_arg.name or "i"))
         carried = tuple(new_value(self.type(a.type), a.name) for a in op.regions[0].args[1:])
         body = self.region(op.regions[0], (counter, *carried))
-        step = self.dim(op.attr("block"))
-        if op.attr("block").symbol in self.sizes:
-            self.counter_strides.append((counter.name, op.attr("block").symbol))
+        block = op.attr("block")
+        step = self.dim(block)
+        if block.symbol in self.sizes:
+            self.counter_strides.append((counter.name, block.symbol))
+        elif block.spelled is not None and block.spelled.symbol is not None:
+            self.counter_strides.append((counter.name, block.spelled.symbol))
         attrs = (("extent", op.attr("extent")), ("step", step), ("prefetch", op.attr("prefetch")))
         results = self.emit(
             "for", tuple(self.value(v) for v in op.operands),
@@ -479,6 +496,27 @@ class _Lowering:
             if bound is value:
                 self.values[key] = named
         return named
+
+
+def _spelled_like(dims: tuple[Dim, ...], declared: tuple[Dim, ...]) -> tuple[Dim, ...]:
+    """``dims``, each taking the spelling of the declared dim in its place that equals it
+    (a library kernel's ``K``, where the caller's tensor has 256)."""
+    if len(declared) != len(dims):
+        return dims
+    return tuple(
+        w if w.spelled is not None and w == d else d for d, w in zip(dims, declared, strict=True)
+    )
+
+
+def _spelled_sizes(function: Function) -> tuple[tuple[str, int], ...]:
+    """The sizes that the function's constants are spelled in (``Dim.spelled``), with
+    their values: each is a parameter's dim (a library kernel's ``K``, fixed by its
+    caller) or a loop's literal step, spelled alone there."""
+    dims = [d for p in function.params for d in getattr(p.value.type, "dims", ())]
+    dims += [op.attr("block") for op in walk(function.body) if op.kind == "tile.for"]
+    found = {d.spelled.symbol: d.constant for d in dims
+             if d.spelled is not None and d.spelled.symbol is not None}  # fmt: skip
+    return tuple(sorted(found.items()))
 
 
 def _tile_rank(function: Function) -> int:

@@ -13,7 +13,8 @@ caller prints itself (``TileKernel.name`` becomes the emitted kernel's name); an
 values, which are compared by where they stand, not by their ids. So that code that
 orders values by id (creation order) orders both kernels' values alike, the key also
 holds the order of the ids. Fields that equality leaves out (spans, a tile type's tile
-names) are part of the key: they print as comments and names. Each span's source file
+names, the name a constant dim is spelled by) are part of the key: they print as
+comments and names. Each span's source file
 is compared by identity, as it is one object per file in a compilation.
 """
 
@@ -38,7 +39,7 @@ __all__ = ["as_twin", "content_key", "find_twins"]
 #: and the twin that this key finds.
 _NAMING = frozenset({"name", "function", "launch", "twin"})
 #: Classes whose equality compares everything they hold, with no value inside.
-_STRUCTURAL = frozenset({Dim, DType, str, int, float, bool, Fraction, type(None)})
+_STRUCTURAL = frozenset({DType, str, int, float, bool, Fraction, type(None)})
 
 
 class _Key:
@@ -57,6 +58,8 @@ class _Key:
         kind = type(x)
         if kind in _STRUCTURAL or isinstance(x, Enum):
             return x
+        if kind is Dim:  # a constant's spelling prints, though equality leaves it out
+            return x if x.written is None else (x, x.spelled)
         if kind is Value:
             self.met += 1
             seen = self.values.get(x.id)
