@@ -93,6 +93,13 @@ def _launches(source: str, function: str | None = None) -> tuple[str, ...]:
     return tuple(launch.template for launch in chosen.launches if launch.kind != "host")
 
 
+@functools.cache
+def _decode_kernels() -> tuple[bool, ...]:
+    """Whether each of ``examples/decode.tsr``'s kernels is an earlier kernel's twin."""
+    program = tessera.compile_file(ROOT / "examples/decode.tsr", target="cuda")
+    return tuple(k.twin is not None for p in program.ir("tile").programs for k in p.kernels)
+
+
 def _snippet(params: str, result: str, *before: str) -> str:
     """A function of ``params`` that returns ``result``, after the statements ``before``."""
     body = "".join(f"    {line}\n" for line in (*before, f"return {result}"))
@@ -184,6 +191,8 @@ FIGURES = [
            lambda: _launches("examples/optimizer_step.tsr", "adamw_bf16").count("elementwise")),
     Figure("docs/autodiff.md", "An `OptimizerState` step is {n} elementwise kernel",
            lambda: _launches("examples/optimizer_step.tsr", "adamw").count("elementwise")),
+    Figure("docs/tile-ir.md", "{n} of decode's", lambda: sum(_decode_kernels())),
+    Figure("docs/tile-ir.md", "decode's {n} kernels", lambda: len(_decode_kernels())),
     Figure("examples/optimizer_step.tsr", "in the same pass, {n} elementwise kernel",
            lambda: _launches("examples/optimizer_step.tsr", "adamw_bf16").count("elementwise")),
 ]  # fmt: skip

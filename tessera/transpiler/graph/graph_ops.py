@@ -910,7 +910,13 @@ def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
         if keeps_dtype
         else "The result has the accumulation dtype (f32 for floats, i32 for integers)."
     )
-    rule.__doc__ = f"{what} over ``axis``, dropping it unless ``keepdims``; {_AXES} {dtype}"
+    empty = {
+        "sum": " Over an empty axis it is 0.",
+        "max": " Over an empty axis it is -inf (numpy and PyTorch raise): the identity of "
+        "the maximum, which ``any`` of no element (False) relies on.",
+        "mean": " Over an empty axis it is NaN (0/0), as numpy's.",
+    }[kind]
+    rule.__doc__ = f"{what} over ``axis``, dropping it unless ``keepdims``; {_AXES} {dtype}{empty}"
     return rule
 
 
@@ -923,7 +929,7 @@ def _min(call: OpCall) -> object:
     """Minimum over ``axis``, dropping it unless ``keepdims``; as for ``max``, a tuple of
     axes reduces them all, and no ``axis`` every axis. Keeps the input dtype. It is
     ``-max(-x)``, exactly: the maximum's kernels, negating where the first loads and the
-    last stores."""
+    last stores. Over an empty axis it is +inf (numpy and PyTorch raise)."""
     x = call.tensor("x")
     top = _over_axes(call, call.emit("neg", (x,), elementwise_type(x)), _one_axis("max", True))
     return call.emit("neg", (top,), top.type)
