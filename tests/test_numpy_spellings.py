@@ -64,6 +64,9 @@ def steps(x: Tensor["N", "D", f32]) -> Tensor["N", 3, f32]:
 def fixed(x: Tensor[5, 7, f32], v: Tensor[11, f32]) -> Tensor[4, f32]:
     return x[1, ::2] + v[1::3] + x[:, 2:7:3].sum(axis=0)[:1] + v[-4:] * v[:4]
 
+def counts(x: Tensor["N", "D", f32]) -> tuple[Tensor["N", i32], Tensor["D", i32], Tensor[f32]]:
+    return (x > 0.0).sum(-1), sum((x > 0.0) & (x < 1.0), axis=0), mean(x > 0.5)
+
 def created(x: Tensor["N", "D", f32]) -> Tensor["N", "D", f32]:
     N, D = x.shape
     return x * ones(N, D) + zeros(N, D, dtype=f32) + ones((N, D), f32) * 2.0 + ones(D) * 3.0
@@ -229,6 +232,16 @@ def test_matches_numpy(built: Any, case: str) -> None:
     poison = np.full(want.shape, np.nan, np.float32)
     have = getattr(built, name)(*inputs, out=poison)
     np.testing.assert_allclose(np.asarray(have), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_masks_sum_counts_and_its_mean_is_a_fraction(built: Any) -> None:
+    """``(x > 0).sum(-1)``, as numpy and PyTorch count: i32 counts, and an f32 mean."""
+    x = np.random.default_rng(13).standard_normal((37, 21)).astype(np.float32)
+    rows, columns, fraction = built.counts(x)
+    np.testing.assert_array_equal(rows, (x > 0).sum(-1))
+    np.testing.assert_array_equal(columns, ((x > 0) & (x < 1)).sum(0))
+    assert np.asarray(rows).dtype == np.int32 and np.asarray(fraction).dtype == np.float32
+    np.testing.assert_allclose(fraction, (x > 0.5).mean(), rtol=1e-6)
 
 
 def test_pytorch_casts_and_an_accuracy(built: Any) -> None:

@@ -23,7 +23,7 @@ from .custom_rules import CheckpointRef, checkpoint_ref, checkpointed
 from .differentiate import grad_ref, gradient_of
 from .dims import Dim, DimSyntaxError, parse_dim
 from .dtypes import ALIASES, DTYPES, lookup_dtype
-from .graph_ops import COMPARISONS, GRAPH_OPS, LOGICAL, folded, is_mask
+from .graph_ops import COMPARISONS, COUNTING, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
 from .kvattend import AttendCall, check_attend, default_scale, length_guards, library_module
 from .kvcache import cache_param, check_append, rolling_window, room_guard
@@ -83,7 +83,7 @@ BUILTINS = (
 #: The ops that read a mask: ``where`` its ``cond``, ``cast``, the ops of masks, ``any``
 #: and ``all``, and the views and broadcasts of ``array_ops``.
 _READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values(),
-                         *MASK_READERS})  # fmt: skip
+                         *MASK_READERS, *COUNTING})  # fmt: skip
 #: Operators that numpy, PyTorch and Python also spell as functions: ``pow(x, 2)``.
 _OPERATOR_FUNCTIONS = {"pow": "pow", "power": "pow"}
 #: numpy's and PyTorch's other names of ops, as functions and methods: ``x.amax(-1)``.

@@ -23,7 +23,7 @@ __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
     "last_two_swapped", "rows_permuted", "retyping_view", "view_starts", "folded",
     "ELEMENTWISE_MATH", "COMPARISONS", "LOGICAL", "named_operands", "is_mask", "DRAWN",
-    "C_MATH",
+    "COUNTING", "C_MATH",
 ]  # fmt: skip
 
 #: The comparison operators and the ops they are: each gives a mask (dtype ``bool``).
@@ -898,11 +898,20 @@ def _one_axis(kind: str, keeps_dtype: bool) -> Reduce:
     return one
 
 
+#: The reductions that also read a mask, as numpy's and PyTorch's: ``(x > 0).sum()``
+#: counts the true elements (an i32), ``mean`` gives their fraction (an f32).
+COUNTING = {"sum": I32, "mean": F32}
+
+
 def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
     one = _one_axis(kind, keeps_dtype)
 
     def rule(call: OpCall) -> object:
-        return _over_axes(call, call.tensor("x"), one)
+        x = call.tensor("x")
+        if is_mask(x):
+            dtype = COUNTING[kind]
+            x = call.emit("cast", (x,), TensorType(x.type.dims, dtype), attrs=(("dtype", dtype),))
+        return _over_axes(call, x, one)
 
     what = {"sum": "Sum", "max": "Maximum", "mean": "Mean"}[kind]
     dtype = (
@@ -916,7 +925,15 @@ def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
         "the maximum, which ``any`` of no element (False) relies on.",
         "mean": " Over an empty axis it is NaN (0/0), as numpy's.",
     }[kind]
-    rule.__doc__ = f"{what} over ``axis``, dropping it unless ``keepdims``; {_AXES} {dtype}{empty}"
+    counts = {
+        "sum": " Of a mask, the count of its true elements (an i32), as numpy's and "
+        "PyTorch's ``(x > 0).sum()``.",
+        "max": "",
+        "mean": " Of a mask, the fraction of its true elements (an f32).",
+    }[kind]
+    rule.__doc__ = (
+        f"{what} over ``axis``, dropping it unless ``keepdims``; {_AXES} {dtype}{empty}{counts}"
+    )
     return rule
 
 
