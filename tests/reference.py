@@ -179,8 +179,8 @@ def norm_param_grad(x: Any, g: Any, stats: Any) -> np.ndarray:
 
 
 def _norm_param_inputs(rng: np.random.Generator) -> dict[str, Any]:
-    """x, g and x's statistics for ``norm_param_grad``: 133 rows (four blocks of 32 and a
-    ragged one on the CPU, eight of 16 and a ragged one on the GPUs), 203 columns."""
+    """x, g and x's statistics for ``norm_param_grad``: 133 rows (eight blocks of 16 and
+    a ragged one), 203 columns."""
     x = _normal(rng, (133, 203), scale=3.0)
     return {
         "x": x,

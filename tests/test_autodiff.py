@@ -23,7 +23,9 @@ from tessera.transpiler.graph.autodiff import CONSTANT_OPS, NO_GRADIENT, VJP_RUL
 from tessera.transpiler.graph.graph_ops import GRAPH_OPS
 from tessera.transpiler.graph.ir import walk
 
+from .builds import assert_cpu_builds_warning_free, assert_gpu_builds_warning_free
 from .everywhere import EVERY_TARGET, every_target_beyond, load_everywhere
+from .test_cpu import COMPILERS
 from .test_cuda import NVCC, _nvcc, needs_gxx
 from .test_hip import HIPCC, _hipcc_warning_free
 
@@ -629,6 +631,23 @@ def _check_row_gradients(built: Any, rng: np.random.Generator, r: int, c: int) -
         named = dict(zip(["x", "w", "b", "v"], inputs, strict=False))
         assert_finite_differences(getattr(built, name), named, dict(zip(named, grads, strict=True)),
                                   (cot,), rng)  # fmt: skip
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_row_gradients_cpu_code_compiles_warning_free(compiler: str, tmp_path: Path) -> None:
+    assert_cpu_builds_warning_free(ROW_GRADIENTS, "rows.tsr", compiler, tmp_path)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_80"), ("cuda", "sm_90a"),
+                                              ("hip", "gfx90a")])  # fmt: skip
+def test_row_gradients_gpu_code_compiles_warning_free(
+    target: str, arch: str, tmp_path: Path
+) -> None:
+    """nvcc and hipcc, every warning an error: the norms' kernels of two results and
+    ``norm_param_grad`` among them."""
+    assert_gpu_builds_warning_free(ROW_GRADIENTS, "rows.tsr", target, arch, tmp_path)
 
 
 def test_a_backward_kernel_that_no_schedule_fits_is_an_error_at_its_line() -> None:
