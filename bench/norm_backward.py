@@ -2,9 +2,10 @@
 process, against PyTorch and this machine's copy bandwidth.
 
 4096 x 4096 f32. Tessera's ``F_vjp`` (from ``@autodiff``) of ``layernorm(x, w, b)`` and
-``rmsnorm(x, w)`` returns dx and the weight's (and bias's) gradients (those two from the
-library's ``norm_stats`` and ``norm_param_grad``); ``wrt="x"`` the input's alone, which
-is the library's one-pass row kernel (``layernorm_grad``, ``rmsnorm_grad``);
+``rmsnorm(x, w)`` returns dx and the weight's (and bias's) gradients: the library's row
+kernel (``layernorm_grad``, ``rmsnorm_grad``) gives dx and each row's statistics, and
+``norm_param_grad`` the other two from them; ``wrt="x"`` the input's alone, the row
+kernel's dx;
 ``log_softmax``'s is ``log_softmax_grad``. The bytes a backward pass must move are x (or
 y), the cotangent and the weight read and dx written, three 4096 x 4096 arrays;
 ``of_copy_bandwidth`` is those bytes over tessera's time, against a numpy copy

@@ -161,32 +161,45 @@ def norm_grad(x: Any, w: Any, g: Any, eps: float, centred: bool) -> np.ndarray:
 
 
 def norm_stats(x: Any, eps: float, centred: bool) -> np.ndarray:
-    """Each row's mean and scale ``rsqrt(mean((x - mean)^2) + eps)`` (``mean(x^2)`` when
-    not ``centred``), as two columns, in float64."""
+    """Each row's mean (0 when not ``centred``) and scale ``rsqrt(mean((x - mean)^2) +
+    eps)``, as two columns, in float64: the second result of ``layernorm_grad`` and
+    ``rmsnorm_grad``."""
     x = f64(x)
-    mean = x.mean(axis=-1, keepdims=True)
-    c = x - mean if centred else x
+    mean = x.mean(axis=-1, keepdims=True) if centred else np.zeros_like(x[..., :1])
+    c = x - mean
     return np.concatenate([mean, 1.0 / np.sqrt((c * c).mean(axis=-1, keepdims=True) + eps)], -1)
 
 
-def norm_param_grad(x: Any, g: Any, stats: Any, centred: bool) -> np.ndarray:
+def norm_param_grad(x: Any, g: Any, stats: Any) -> np.ndarray:
     """``sum(g * xhat)`` and ``sum(g)`` over the rows, as two columns, in float64; ``xhat``
-    from the given statistics (the mean subtracted when ``centred``)."""
+    from the given statistics, ``(x - mean) * s``."""
     x, g, stats = f64(x), f64(g), f64(stats)
-    xhat = (x - stats[:, :1] if centred else x) * stats[:, 1:]
+    xhat = (x - stats[:, :1]) * stats[:, 1:]
     return np.stack([(g * xhat).sum(axis=0), g.sum(axis=0)], -1)
 
 
-def _norm_stats_inputs(rng: np.random.Generator) -> dict[str, Any]:
-    """x, g and x's statistics for ``norm_param_grad``: 133 rows (four blocks of 32 and a
-    ragged one on the CPU, eight of 16 and a ragged one on the GPUs), 203 columns."""
+def _norm_param_inputs(rng: np.random.Generator) -> dict[str, Any]:
+    """x, g and x's statistics for ``norm_param_grad``: 133 rows (eight blocks of 16 and
+    a ragged one), 203 columns."""
     x = _normal(rng, (133, 203), scale=3.0)
     return {
         "x": x,
         "g": _normal(rng, (133, 203)),
         "stats": norm_stats(x, 1e-5, centred=True).astype(np.float32),
-        "centred": True,
     }
+
+
+def _norm_grad_case(kernel: str, eps: float, centred: bool) -> Case:
+    """``layernorm_grad`` or ``rmsnorm_grad``: dx and each row's statistics."""
+    return Case(
+        f"tessera/stdlib/{kernel}.tsr", kernel,
+        lambda rng: {"x": _normal(rng, (R, 203), scale=3.0) + 1.0,
+                     "weight": _normal(rng, (203,)), "g": _normal(rng, (R, 203)), "eps": eps,
+                     "with_weight": True},
+        lambda a: {"out0": norm_grad(a["x"], a["weight"], a["g"], eps, centred),
+                   "out1": norm_stats(a["x"], eps, centred)},
+        1e-5, True,
+    )  # fmt: skip
 
 
 def logsumexp(x: Any) -> np.ndarray:
@@ -409,23 +422,10 @@ CASES = (
                       "g": _normal(rng, (R, 203))},
          lambda a: {"out": f64(a["g"]) - np.exp(f64(a["y"])) * f64(a["g"]).sum(
              axis=-1, keepdims=True)}, 1e-5, True),
-    Case("tessera/stdlib/layernorm_grad.tsr", "layernorm_grad",
-         lambda rng: {"x": _normal(rng, (R, 203), scale=3.0), "weight": _normal(rng, (203,)),
-                      "g": _normal(rng, (R, 203)), "eps": 1e-5, "with_weight": True},
-         lambda a: {"out": norm_grad(a["x"], a["weight"], a["g"], 1e-5, centred=True)}, 1e-5,
-         True),
-    Case("tessera/stdlib/rmsnorm_grad.tsr", "rmsnorm_grad",
-         lambda rng: {"x": _normal(rng, (R, 203), scale=3.0), "weight": _normal(rng, (203,)),
-                      "g": _normal(rng, (R, 203)), "eps": 1e-6, "with_weight": True},
-         lambda a: {"out": norm_grad(a["x"], a["weight"], a["g"], 1e-6, centred=False)}, 1e-5,
-         True),
-    Case("tessera/stdlib/norm_stats.tsr", "norm_stats",
-         lambda rng: {"x": _normal(rng, (R, 203), scale=3.0) + 1.0, "eps": 1e-5,
-                      "centred": True},
-         lambda a: {"out": norm_stats(a["x"], 1e-5, centred=True)}, 1e-5, True),
-    Case("tessera/stdlib/norm_param_grad.tsr", "norm_param_grad", _norm_stats_inputs,
-         lambda a: {"out": norm_param_grad(a["x"], a["g"], a["stats"], centred=True)}, 1e-5,
-         True),
+    _norm_grad_case("layernorm_grad", 1e-5, centred=True),
+    _norm_grad_case("rmsnorm_grad", 1e-6, centred=False),
+    Case("tessera/stdlib/norm_param_grad.tsr", "norm_param_grad", _norm_param_inputs,
+         lambda a: {"out": norm_param_grad(a["x"], a["g"], a["stats"])}, 1e-5, True),
     # a large step (lr 0.3), so that the bf16 parameter's rounding (the tolerance) is
     # small beside the update; tests/test_fp32_master.py checks its bits on the CPU
     Case("tessera/stdlib/fused_adam_master.tsr", "fused_adam_master",

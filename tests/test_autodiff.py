@@ -23,7 +23,9 @@ from tessera.transpiler.graph.autodiff import CONSTANT_OPS, NO_GRADIENT, VJP_RUL
 from tessera.transpiler.graph.graph_ops import GRAPH_OPS
 from tessera.transpiler.graph.ir import walk
 
+from .builds import assert_cpu_builds_warning_free, assert_gpu_builds_warning_free
 from .everywhere import EVERY_TARGET, every_target_beyond, load_everywhere
+from .test_cpu import COMPILERS
 from .test_cuda import NVCC, _nvcc, needs_gxx
 from .test_hip import HIPCC, _hipcc_warning_free
 
@@ -475,7 +477,7 @@ COMPOSITE = {
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.
 EMITTED = ("slice", "expand_dims", "pad", "softmax_grad", "log_softmax_grad", "layernorm_grad",
-           "rmsnorm_grad", "norm_stats", "norm_param_grad", "attention_stats", "attention_dq",
+           "rmsnorm_grad", "norm_param_grad", "attention_stats", "attention_dq",
            "attention_dkdv")  # fmt: skip
 
 
@@ -585,17 +587,23 @@ def test_row_gradient_kernels_match_torch_and_finite_differences(
     target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``layernorm_grad``, ``rmsnorm_grad`` and ``log_softmax_grad`` give the inputs'
-    cotangents, and ``norm_stats`` and ``norm_param_grad`` the weights' and the biases'
-    (with a weight and a bias, either alone, or neither; rows of a batch, 3 x 13, and 37
-    rows: more than one block of rows, the last one ragged, on every target), into
-    outputs poisoned with NaN first."""
+    cotangents, and with a weight or a bias each row's statistics, from which
+    ``norm_param_grad`` gives the weights' and the biases' (with a weight and a bias,
+    either alone, or neither; rows of a batch, 3 x 13; 37 rows of 203 or 75 columns: more
+    than one block of rows, the last one ragged, on every target; and 5 rows, fewer
+    than one step of ``norm_param_grad``'s), into outputs poisoned with NaN first."""
     graph = tessera.compile(ROW_GRADIENTS, filename="rows.tsr", until="graph").ir("graph")
     kinds = {op.kind for f in graph.functions for op in walk(f.body)}
-    assert {"layernorm_grad", "rmsnorm_grad", "log_softmax_grad", "norm_stats",
-            "norm_param_grad"} <= kinds  # fmt: skip
+    assert {"layernorm_grad", "rmsnorm_grad", "log_softmax_grad", "norm_param_grad"} <= kinds
     built = load_everywhere(ROW_GRADIENTS, target, arch, monkeypatch)
     rng = np.random.default_rng(5)
-    r, c = 37, 203
+    for r, c in ((37, 203), (37, 75), (5, 75)):
+        _check_row_gradients(built, rng, r, c)
+
+
+def _check_row_gradients(built: Any, rng: np.random.Generator, r: int, c: int) -> None:
+    """``ROW_GRADIENTS``' functions at ``r`` rows of ``c`` columns against torch in
+    float64 and finite differences."""
     x, g = (rng.standard_normal((r, c)).astype(np.float32) * 2 for _ in range(2))
     w, b, v = (rng.standard_normal(c).astype(np.float32) for _ in range(3))
     tensors = {n: torch.tensor(a, dtype=torch.float64, requires_grad=True)
@@ -623,6 +631,23 @@ def test_row_gradient_kernels_match_torch_and_finite_differences(
         named = dict(zip(["x", "w", "b", "v"], inputs, strict=False))
         assert_finite_differences(getattr(built, name), named, dict(zip(named, grads, strict=True)),
                                   (cot,), rng)  # fmt: skip
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_row_gradients_cpu_code_compiles_warning_free(compiler: str, tmp_path: Path) -> None:
+    assert_cpu_builds_warning_free(ROW_GRADIENTS, "rows.tsr", compiler, tmp_path)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_80"), ("cuda", "sm_90a"),
+                                              ("hip", "gfx90a")])  # fmt: skip
+def test_row_gradients_gpu_code_compiles_warning_free(
+    target: str, arch: str, tmp_path: Path
+) -> None:
+    """nvcc and hipcc, every warning an error: the norms' kernels of two results and
+    ``norm_param_grad`` among them."""
+    assert_gpu_builds_warning_free(ROW_GRADIENTS, "rows.tsr", target, arch, tmp_path)
 
 
 def test_a_backward_kernel_that_no_schedule_fits_is_an_error_at_its_line() -> None:

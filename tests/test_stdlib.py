@@ -33,7 +33,6 @@ EXPECTED = {
     "log_softmax": ("reduction", ["ceil(R/8)"]),
     "log_softmax_grad": ("reduction", ["ceil(R/8)"]),
     "norm_param_grad": ("columns", ["ceil(C/32)"]),
-    "norm_stats": ("reduction", ["ceil(R/8)"]),
     "pad": ("reduction", ["ceil(R/8)"]),
     "logsumexp": ("reduction", ["ceil(R/8)"]),
     "rmsnorm": ("reduction", ["ceil(R/8)"]),

@@ -34,6 +34,14 @@ def row_pair(x: Tensor["R", "C", f32], scale: float
     return e / tile.sum(e, axis=1)[:, None], tile.cast(e, bf16)
 
 @kernel
+def row_stats(x: Tensor["R", "C", f32]) -> tuple[Tensor["R", "C", f32], Tensor["R", 2, f32]]:
+    T = tile.context()
+    rows = tile.load(x, rows=T.m)
+    mean = (tile.sum(rows, axis=1) / float(x.shape[-1]))[:, None]
+    top = tile.max(rows, axis=1)[:, None]
+    return rows - mean, tile.concat((mean, top), axis=1)
+
+@kernel
 def gemm_pair(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]
               ) -> tuple[Tensor["M", "N", f32], Tensor["M", "N", f32]]:
     T = tile.context()
@@ -41,6 +49,10 @@ def gemm_pair(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]
     for kb in tile.range_n(a.shape[1], T.k):
         acc += tile.dot(tile.load(a, rows=T.m, cols=kb), tile.load(b, kb, cols=T.n))
     return acc, tile.tanh(acc)
+
+def second_only(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
+    p, e = row_pair(x, 0.75)
+    return cast(e, f32) + 1.0
 
 def calls(x: Tensor["R", "C", f32], a: Tensor["R", "K", f32], b: Tensor["K", "N", f32]
           ) -> tuple[Tensor["R", "C", f32], Tensor["R", "N", f32], Tensor["R", "N", f32]]:
@@ -64,6 +76,9 @@ def test_a_graph_function_calls_it_as_one_launch() -> None:
     sched = program.inspect_ir("sched").split("host @calls")[1]
     assert "reads %x  writes %p, %e" in sched and "reads %a, %b  writes %c, %t" in sched, sched
     assert "template elementwise  prologue [relu]" in sched, sched
+    # a result that nothing reads is written all the same: the kernel stores it
+    unread = program.inspect_ir("sched").split("host @second_only")[1].split("host @")[0]
+    assert "buffer %p : tensor<[R, C], f32>" in unread and "writes %p, %e" in unread, unread
 
 
 def test_each_result_is_stored_by_the_same_programs() -> None:
@@ -96,6 +111,19 @@ def test_two_results_match_float64(
     lib.row_pair(x, 0.75, out=out)
     np.testing.assert_allclose(out[0], e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(f64(out[1]), e, rtol=1e-2, atol=1e-3)
+
+    # a result that nothing reads is stored all the same, into a buffer of its own
+    out = _poisoned(((R, C), np.float32))[0]
+    lib.second_only(x, out=out)
+    np.testing.assert_allclose(out, e + 1.0, rtol=1e-2, atol=1e-2)
+
+    # tiles of different widths, [T.m, C] and [T.m, 2]: the same rows of each result
+    mean = f64(x).mean(axis=1, keepdims=True)
+    out = _poisoned(((R, C), np.float32), ((R, 2), np.float32))
+    lib.row_stats(x, out=out)
+    np.testing.assert_allclose(out[0], f64(x) - mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[1], np.hstack([mean, f64(x).max(axis=1, keepdims=True)]),
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
 
     a = rng.standard_normal((R, K)).astype(np.float32)
     b = rng.standard_normal((K, N)).astype(np.float32)
@@ -168,7 +196,10 @@ PAIR = 'tuple[Tensor["R", "C", f32], Tensor["R", "C", f32]]'
         ('tuple[Tensor["R", "C", f32], Tensor["R", "C", i32]]', "a, b",
          "returns f32, but the declared result is i32"),
         ('tuple[Tensor["R", "C", f32], Tensor["R", f32]]', "a, tile.sum(b, axis=1)",
-         "the first is [T.m, C], value 2 [T.m]"),
+         "have one rank and agree in the axes T.m and T.n tile: the first is [T.m, C], "
+         "value 2 [T.m]"),
+        ('tuple[Tensor["R", "C", f32], Tensor["C", "R", f32]]', "a, tile.transpose(b)",
+         "the first is [T.m, C], value 2 [C, T.m]"),
         ('tuple[Tensor["R", "C", f32], Tensor["S", "C", f32]]', "a, b",
          "result 2 is [S, C], the first [R, C]"),
         (PAIR, "a, x", "a tile kernel returns tiles: value 2 of the return is"),

@@ -1330,8 +1330,10 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k11(const float* __
   for (int e = 0; e < BM; ++e) {
     lr_times_row_sum[e] = lr * row_sum[e];
   }
-  for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - lr_times_row_sum[e]);
+  #pragma unroll
+  for (int e = 0; e < BM; ++e) {
+    if (e == lid && BM*pid_m + e < C)
+        out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
 }
 
@@ -1884,8 +1886,10 @@ extern "C" __global__ void __launch_bounds__(128) train_step_k17(const float* __
   for (int e = 0; e < BM; ++e) {
     lr_times_row_sum[e] = lr * row_sum[e];
   }
-  for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - lr_times_row_sum[e]);
+  #pragma unroll
+  for (int e = 0; e < BM; ++e) {
+    if (e == lid && BM*pid_m + e < H)
+        out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
 }
 

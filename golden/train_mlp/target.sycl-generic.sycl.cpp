@@ -1071,8 +1071,9 @@ inline void train_step_k11(const float* __restrict__ t20, const float lr,
   for (int e = 0; e < BM; ++e) {
     lr_times_row_sum[e] = lr * row_sum[e];
   }
-  for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < C) out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - lr_times_row_sum[e]);
+  for (int e = 0; e < BM; ++e) {
+    if (e == lid && BM*pid_m + e < C)
+        out4[BM*pid_m + e] = ((b2[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
 }
 
@@ -1484,8 +1485,9 @@ inline void train_step_k17(const float* __restrict__ t26, const float lr,
   for (int e = 0; e < BM; ++e) {
     lr_times_row_sum[e] = lr * row_sum[e];
   }
-  for (long long e = lid; e < BM; e += THREADS) {
-    if (BM*pid_m + e < H) out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - lr_times_row_sum[e]);
+  for (int e = 0; e < BM; ++e) {
+    if (e == lid && BM*pid_m + e < H)
+        out2[BM*pid_m + e] = ((b1[BM*pid_m + e]) - lr_times_row_sum[e]);
   }
 }
 

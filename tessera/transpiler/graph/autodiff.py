@@ -485,8 +485,9 @@ def _logsumexp(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 def _norm(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """The statistics recomputed, not stored; the weight's and bias's gradients are
     column sums over every row. Over f32 rows, the input's is the library's one-pass
-    row kernel (``layernorm_grad``, ``rmsnorm_grad``) and the weight's and bias's
-    ``norm_param_grad``'s (``_norm_params``); else as ops."""
+    row kernel (``layernorm_grad``, ``rmsnorm_grad``), which also gives each row's
+    statistics to ``norm_param_grad`` for the weight's and bias's (``_norm_params``);
+    else as ops."""
     x, *params = op.operands
     g = gs_whole = _whole(b, gs[0], op.result)
     centred = op.kind.startswith("layernorm")
@@ -500,8 +501,9 @@ def _norm(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
         kind = "layernorm_grad" if centred else "rmsnorm_grad"
         operands = (x, g) if weight is None else (x, weight, g)
         attrs = (("eps", eps), ("weight", weight is not None))
-        pairs = _norm_params(b, x, g, eps, centred, weight, bias)
-        return [(x, _row_grad(b, kind, operands, attrs)), *pairs]
+        if weight is None and bias is None:
+            return [(x, _row_grad(b, kind, operands, attrs))]
+        return _norm_params(b, kind, operands, attrs, weight, bias)
     rows = x if not centred else b("sub", x, b("mean", x, axis=-1, keepdims=True))
     scale = b("rsqrt", b("add", b("mean", b("mul", rows, rows), axis=-1, keepdims=True), eps))
     normed = b("mul", rows, scale)
@@ -522,28 +524,26 @@ def _norm(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
 
 
 def _norm_params(
-    b: Builder, x: Value, g: Value, eps: float, centred: bool, weight: Value | None,
-    bias: Value | None,
+    b: Builder, kind: str, operands: tuple[Value, ...], attrs: tuple[tuple[str, Any], ...],
+    weight: Value | None, bias: Value | None,
 ) -> list:  # fmt: skip
-    """The weight's and the bias's gradients of a norm over f32 rows, ``sum(g * xhat)``
-    and ``sum(g)`` over every row: ``norm_stats`` gives each row's mean and scale in one
-    pass over ``x``, and ``norm_param_grad`` both sums in one pass over ``x`` and ``g``,
-    a block of columns per program, as the two columns of a ``[C, 2]`` result that two
-    slices take apart. Leading dims are rows (a reshape, which is a view)."""
-    if weight is None and bias is None:
-        return []
+    """Every gradient of a norm over f32 rows, in two passes: the row kernel ``kind``
+    gives ``dx`` and, as its second result, each row's mean and scale ``s`` (a mean of 0
+    for an rmsnorm), and ``norm_param_grad`` the weight's and the bias's, ``sum(g *
+    xhat)`` and ``sum(g)`` over every row, in one pass over ``x`` and ``g``, a block of
+    columns per program, as the two columns of a ``[C, 2]`` result that two slices take
+    apart. Leading dims are rows (a reshape, which is a view)."""
+    x, g = operands[0], operands[-1]
     rows, columns = math.prod(x.type.dims[:-1], start=Dim.const(1)), x.type.dims[-1]
+    outs = (TensorType(x.type.dims, F32), TensorType((*x.type.dims[:-1], Dim.const(2)), F32))
+    dx, stats = b.emitter.emit(kind, operands, outs, attrs, (), b.span)
     if x.type.rank > 2:
-        x, g = (b("reshape", v, (rows, columns)) for v in (x, g))
-    attrs = (("eps", eps), ("centred", centred))
-    stats = b.emitter.emit(
-        "norm_stats", (x,), (TensorType((rows, Dim.const(2)), F32),), attrs, (), b.span
-    )[0]
+        x, g, stats = (b("reshape", v, (rows, v.type.dims[-1])) for v in (x, g, stats))
     sums = b.emitter.emit(
-        "norm_param_grad", (x, g, stats), (TensorType((columns, Dim.const(2)), F32),),
-        (("centred", centred),), (), b.span,
+        "norm_param_grad", (x, g, stats), (TensorType((columns, Dim.const(2)), F32),), (),
+        (), b.span,
     )[0]  # fmt: skip
-    return [
+    return [(operands[0], dx)] + [
         (param, b("reshape", _column(b, sums, column), (columns,)))
         for column, param in enumerate((weight, bias))
         if param is not None
@@ -562,24 +562,27 @@ def _column(b: Builder, t: Value, column: int) -> Value:
 def _norm_param_grad_rule(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """Linear in ``g``: its transpose (which ``F_jvp`` reads) of ``h``, ``[C, 2]``, is
     ``xhat * h[:, 0] + h[:, 1]`` broadcast over the rows, ``xhat`` from the statistics
-    (as ops). None of ``x`` or the statistics: no second derivatives of a norm."""
+    (as ops). None of ``x``: no second derivatives of a norm. The statistics are of
+    ``x`` alone, so they give nothing where ``x`` is constant (the row kernel that
+    writes them reads ``g`` too, which makes them look like a function of it)."""
     x, g, stats = op.operands
     h = _whole(b, gs[0], op.result)
     columns = x.type.dims[-1]
-    rows = b("sub", x, _column(b, stats, 0)) if op.attr("centred") else x
-    normed = b("mul", rows, _column(b, stats, 1))
+    normed = b("mul", b("sub", x, _column(b, stats, 0)), _column(b, stats, 1))
     dw, db = (b("reshape", _column(b, h, k), (columns,)) for k in (0, 1))
-    return [(g, b("add", b("mul", normed, dw), db)), (x, _NO_RULE), (stats, _NO_RULE)]
+    return [(g, b("add", b("mul", normed, dw), db)), (x, _NO_RULE), (stats, None)]
 
 
 @_rule("layernorm_grad", "rmsnorm_grad")
 def _norm_grad_rule(b: Builder, op: Op, gs: Sequence[Cotangent]) -> list:
     """Linear in ``g``: ``s (I - P) diag(w)`` with ``P`` symmetric (``xhat xhat^T / n``,
     plus ``1 1^T / n`` for a layer norm), so its transpose (which ``F_jvp`` reads) is the
-    same kernel without the weight, times the weight. None of ``x`` or the weight: no
-    second derivatives of a norm."""
+    same kernel without the weight, times the weight. The row statistics, a second
+    result where the weight's or the bias's gradient reads them, do not depend on
+    ``g``. None of ``x`` or the weight: no second derivatives of a norm."""
     x, *weight, g = op.operands
-    h = _whole(b, gs[0], op.result)
+    dx = op.results[0]
+    h = _whole(b, gs[0], dx)
     back = _row_grad(b, op.kind, (x, h), (("eps", op.attr("eps")), ("weight", False)))
     if weight:
         return [(g, b("mul", back, weight[0])), (x, _NO_RULE), (weight[0], _NO_RULE)]
@@ -734,8 +737,6 @@ NO_GRADIENT = {
         ("kvcache.append", "kvcache.advance"),
         "keep state updates out of the differentiated function",
     ),
-    "norm_stats": "a norm's backward kernels have no derivatives of their own: second "
-    "derivatives of a norm need it written out, (x - mean(x)) * rsqrt(var(x) + eps) * w",
     **dict.fromkeys(
         ("attention_stats", "attention_dq", "attention_dkdv"),
         "flash_attention's backward kernels have no derivatives of their own: F_jvp and "

@@ -94,7 +94,7 @@ _REDUCTIONS = {
     "softmax", "softmax_safe", "log_softmax", "logsumexp_safe", "layernorm", "layernorm_safe",
     "rmsnorm", "rmsnorm_safe", "sum", "max", "mean", "take_along_axis",
     "put_along_axis", "scatter_add", "pad", "softmax_grad",
-    "log_softmax_grad", "layernorm_grad", "rmsnorm_grad", "norm_stats",
+    "log_softmax_grad", "layernorm_grad", "rmsnorm_grad",
 }  # fmt: skip
 _ELEMENTWISE = {
     *ELEMENTWISE_MATH, *DRAWN, "expand_dims", "reshape", "rotary_embedding", *CACHE_VIEWS,

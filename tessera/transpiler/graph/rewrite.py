@@ -44,8 +44,15 @@ def has_effects(op: Op) -> bool:
     return bool(op.effects) or any(has_effects(o) for r in op.regions for o in r.ops)
 
 
+#: Library ops whose results after the first are extras that a use may go without
+#: (a norm's row statistics beside its input's gradient): the kernel of one that lost
+#: them neither computes nor stores them (``tile.instantiate.stdlib_kernel``).
+TRAILING_EXTRAS = frozenset({"layernorm_grad", "rmsnorm_grad"})
+
+
 def remove_dead(block: Block) -> Block:
-    """Drop ops without effects whose results nobody uses, innermost first."""
+    """Drop ops without effects whose results nobody uses, innermost first, and the
+    unused extra results at the end of a ``TRAILING_EXTRAS`` op."""
     used: set[int] = {v.id for v in block.yields}
     kept: list[Op] = []
     for op in reversed(block.ops):
@@ -53,7 +60,11 @@ def remove_dead(block: Block) -> Block:
         live = any(r.id in used for r in op.results) or has_effects(op)
         if not live:
             continue
-        op = replace(op, regions=regions)
+        results = op.results
+        if op.kind in TRAILING_EXTRAS:
+            while len(results) > 1 and results[-1].id not in used:
+                results = results[:-1]
+        op = replace(op, regions=regions, results=results)
         kept.append(op)
         used |= {v.id for v in op.operands}
         for region in regions:

@@ -1337,9 +1337,11 @@ _PROGRAM_TILES = frozenset({"T.m", "T.n"})
 def _same_programs(values: tuple[Value, ...], declared: tuple[Any, ...], span: Span) -> None:
     """A tile kernel that returns several tiles writes them all from the same programs,
     gridded by the first: each program stores its block of every result. So the tiles
-    have one shape, and the results agree in the dims the grid walks (their batch dims
-    and the dims that ``T.m`` or ``T.n`` tiles); a whole dim (``C``, ``T.d``) may
-    differ. An error at the ``return`` otherwise."""
+    have one rank and agree in the axes that ``T.m`` or ``T.n`` tile, and the results
+    agree in the dims the grid walks (their batch dims and the dims those tiles split);
+    a whole dim (``C``, ``T.d``, a number) may differ: a row kernel returns its rows
+    ``[T.m, C]`` and a statistic of each ``[T.m, 2]``. An error at the ``return``
+    otherwise."""
     first, first_out = values[0].type, declared[0]
     for i, (v, out) in enumerate(zip(values[1:], declared[1:], strict=True), start=1):
         if not isinstance(v.type, TileType) or not isinstance(first, TileType):
@@ -1347,11 +1349,14 @@ def _same_programs(values: tuple[Value, ...], declared: tuple[Any, ...], span: S
                 f"a tile kernel returns tiles: value {i + 1} of the return is {describe(v)}",
                 span,
             )
-        if v.type.dims != first.dims:
+        if v.type.rank != first.rank or any(
+            a != b and _PROGRAM_TILES & {a.symbol, b.symbol}
+            for a, b in zip(v.type.dims, first.dims, strict=True)
+        ):
             raise SemanticError(
-                f"the tiles a tile kernel returns are stored by the same programs, so they "
-                f"have one shape: the first is {dims_text(first.dims)}, value {i + 1} "
-                f"{dims_text(v.type.dims)}",
+                "the tiles a tile kernel returns are stored by the same programs, so they "
+                "have one rank and agree in the axes T.m and T.n tile: the first is "
+                f"{dims_text(first.dims)}, value {i + 1} {dims_text(v.type.dims)}",
                 span,
             )
         lead = first_out.rank - first.rank

@@ -142,13 +142,15 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
     if kind == "columns":
         # Column sums over every row (norm_param_grad): a program owns block_m columns and
         # walks the rows block_n at a time. CPU: 256 columns are a 1 KiB run of each row
-        # (whole lines, prefetched in order); a 32 x 256 block of x and of the cotangent
-        # is 64 KiB together. GPUs: 32 columns (one 128-byte line of each f32 row) and 16
-        # rows a step, 4 values of each running sum a thread: a 4096-wide tensor has 128
-        # programs, and 64 columns took 79 registers on sm_80 (32: 56) for no more reuse.
+        # (whole lines, prefetched in order); a 16 x 256 block of x and of the cotangent
+        # and the two running sums are 64 KiB together (32 rows, 128 KiB, took 9.5 ms of
+        # one thread's CPU time at 4096 x 4096 against 8.3). GPUs: 32 columns (one
+        # 128-byte line of each f32 row) and 16 rows a step, 4 values of each running
+        # sum a thread: a 4096-wide tensor has 128 programs, and 64 columns took 79
+        # registers on sm_80 (32: 56) for no more reuse.
         if hw.kind == "gpu":
             return [{**base, "block_m": 32, "block_n": 16, "warps": 4, "stages": 1}]
-        return [{**base, "block_m": 256, "block_n": 32, "warps": 1, "stages": 1}]
+        return [{**base, "block_m": 256, "block_n": 16, "warps": 1, "stages": 1}]
     if kind == "reduction":
         # CPU: 4 rows of a 4096-wide f32 tensor are 64 KiB, so a program's few tiles stay in L2.
         # A GPU tile kernel may carry a [T.m, T.k] tile through its loop, which a

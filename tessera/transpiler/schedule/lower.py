@@ -61,8 +61,7 @@ TEMPLATES = {
     "attention_stats": "attention_stats", "attention_dq": "attention_dq",
     "attention_dkdv": "attention_dkdv", "softmax_grad": "softmax_grad",
     "log_softmax_grad": "log_softmax_grad", "layernorm_grad": "layernorm_grad",
-    "rmsnorm_grad": "rmsnorm_grad", "norm_stats": "norm_stats",
-    "norm_param_grad": "norm_param_grad",
+    "rmsnorm_grad": "rmsnorm_grad", "norm_param_grad": "norm_param_grad",
 }  # fmt: skip
 
 
@@ -526,7 +525,10 @@ class _Scheduler:
                 return
 
     def _boundary(self, group: Group) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Values the group reads from outside and values it writes for others."""
+        """Values the group reads from outside and values it writes for others. An
+        anchor of several results (a tile kernel's ``return a, b``, a norm's ``dx`` and
+        row statistics) writes each, read or not: its kernel stores every result it
+        returns."""
         ops = self._ops(group)
         nested = [inner for op in ops for inner in walk(Block((), (op,)))]
         inside = {v.id for op in nested for v in op.results}
@@ -541,20 +543,29 @@ class _Scheduler:
             self.names[v.id]
             for op in ops
             for v in op.results
-            if not self.readers.get(v.id, set()) <= members
+            if not self.readers.get(v.id, set()) <= members or self._unread(group, op, v)
         )
         if group.kind == "tile" and self.function.body.yields:
             writes = (self.names[self.function.body.yields[0].id],)
         return tuple(reads), writes
 
+    def _unread(self, group: Group, op: Op, v: Value) -> bool:
+        """Whether ``v`` is a result that no op reads of an anchor of several results,
+        which its kernel stores all the same (an elementwise kernel stores only what is
+        read: ``fused_adam``'s results)."""
+        return group.kind != "elementwise" and len(op.results) > 1 and not self.readers.get(v.id)
+
     def _buffers(self, writer: dict[int, int]) -> tuple:
-        """Intermediates: written by one launch, read by a later one, not the result."""
+        """Intermediates: written by one launch, read by a later one, not the result;
+        or read by none (an unread result of a kernel of several), live at its launch
+        alone."""
         last: dict[int, int] = {}
         for index, group in enumerate(self.function.groups):
             for op in self._ops(group):
                 for v in op.operands:
                     if v.id in writer and writer[v.id] != index:
                         last[v.id] = max(last.get(v.id, index), index)
+                last.update((v.id, index) for v in op.results if self._unread(group, op, v))
         returned = {v.id for v in self.function.body.yields}
         values = {v.id: v for op in self.function.body.ops for v in op.results}
         intervals = [

@@ -1088,6 +1088,14 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         if self.forms[x.id].dist is not None:
             self.reduce_held_rows(op, combine, init)
             return
+        if self._transposed_in_shared(x):
+            self.forms[x.id] = self.materialize(
+                x,
+                grid_for(dims, self.kernel.threads),
+                self.namer.fresh(self.temps.wanted(x), "held"),
+            )
+            self.reduce_held_rows(op, combine, init)
+            return
         rows = self.c(self.constants.shape(x.type)[0])
         name = self.namer.fresh(self.temps.wanted(op.result), "v")
         self.forms[op.result.id] = Form("replicated", tuple(op.result.type.dims), name)
@@ -1103,6 +1111,23 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                   f"r = {combine.format(a='r', b=element)};")  # fmt: skip
         self.line(f"{name}[i] = {group}({self.d.group_context}tsr_scratch, r);")
         self.close()
+
+    def _transposed_in_shared(self, x: Value) -> bool:
+        """Whether ``x`` is the transpose of a tile held in registers (``norm_param_grad``'s
+        running sums, reduced after its loop), which any thread reads from shared
+        memory: its row reduction takes it into registers of a Grid first, each thread
+        its own rows, rather than reducing every row with the whole group and leaving
+        each thread all of the results (an array indexed by thread, on the stack)."""
+        producer = self.producers.get(x.id)
+        if producer is None or producer.kind != "transpose" or self.forms[x.id].kind != "lazy":
+            return False
+        held = self.forms[producer.operands[0].id]
+        dims = tuple(x.type.dims)
+        try:
+            grid_for(dims, self.kernel.threads)
+        except NotLowered:
+            return False
+        return held.kind == "owned" or held.dist is not None
 
     def op_sum(self, op: Op) -> None:
         self._reduce(op, "{a} + {b}", "0.0f", "tsr_group_sum")
@@ -1259,7 +1284,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         if tensor.type.dtype.name == "i4":
             self.store_nibbles(tensor, tile, at, dist)
             return
-        replicated = self.forms[tile.id].kind == "replicated" and _constant(out)
+        replicated = self.reads_replicated(tile) and _constant(out)
         if replicated and _numel(out) <= self.kernel.threads:
             self.store_replicated(tensor, tile, at)
             return
@@ -1318,6 +1343,20 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.line(f"if ({' && '.join(c for c in (condition, even) if c)}) "
                   f"{pointer}[({offset}) >> 1] = tsr_i4_pair({lo}, {hi});")  # fmt: skip
         self.close_walk()
+
+    def reads_replicated(self, x: Value) -> bool:
+        """Whether ``x`` is a value that every thread holds whole, or an expression that
+        reads one (a concat of row statistics, ``layernorm_grad``'s ``[T.m, 2]``): read
+        at an index that differs from thread to thread, such an array goes on the
+        stack."""
+        form = self.forms[x.id]
+        if form.kind == "replicated":
+            return True
+        producer = self.producers.get(x.id)
+        if form.kind != "lazy" or form.dist is not None or producer is None:
+            return False
+        return any(isinstance(v, Value) and v.id in self.forms and self.reads_replicated(v)
+                   for v in producer.operands)  # fmt: skip
 
     def store_replicated(self, tensor: Value, tile: Value, at: Access) -> None:
         """Store a small tile that every thread holds whole (a row reduction's values):

@@ -12,8 +12,8 @@ next, then sees the buffer busy until the product is done, and the planner
 keeps the buffer alive as long (the query tile of attention no longer gives
 its bytes to the key tile).
 
-A read that no product takes (a block loaded transposed for elementwise ops, as
-``norm_param_grad`` loads its columns) is read where the GPU emitters print the
+A read that no product takes (a block loaded for elementwise ops, as
+``norm_param_grad`` loads its blocks of x and g) is read where the GPU emitters print the
 element, at its first use, and moves there too: the barrier before the next
 iteration's copy into its buffer then waits for it.
 """

@@ -72,7 +72,6 @@ TEMPLATE_PARAMS = {
     "log_softmax_grad": ("y", "g"),
     "layernorm_grad": ("x", "weight", "g"),
     "rmsnorm_grad": ("x", "weight", "g"),
-    "norm_stats": ("x",),
     "norm_param_grad": ("x", "g", "stats"),
 }
 
@@ -100,7 +99,9 @@ def stdlib_kernel(
     several for a kernel that returns several tiles); ``names`` are the tensor
     parameters they are. A parameter the op leaves out (a norm's weight or bias) is
     typed as a vector along the first operand's last dim: the analyser checks both
-    sides of the kernel's ``with_`` branches, though one never runs."""
+    sides of the kernel's ``with_`` branches, though one never runs. An op of fewer
+    results than the kernel returns takes its first ones (``layernorm_grad``'s dx
+    without the row statistics): the others are neither computed nor stored."""
     try:
         return _typed_kernel(template, operands, results, names)
     except CompileError as exc:
@@ -123,6 +124,7 @@ def _typed_kernel(
     (each is a tenth of a kernel's compile time). The IR is immutable, so the kernels
     lowered from it may share it."""
     (fn,) = _stdlib_module(template).functions()
+    fn = _first_results(fn, len(results))
     typed = dict(zip(names, operands, strict=True))
     first = operands[0]
     absent = TensorType((first.dims[-1],), first.dtype)
@@ -150,6 +152,18 @@ def _typed_kernel(
     module = analyze(ast.Module((fn,), span=fn.span), options, diags, sizes)
     diags.check()
     return module.functions[0]
+
+
+def _first_results(fn: ast.FunctionDef, count: int) -> ast.FunctionDef:
+    """``fn`` returning the first ``count`` of the tiles its last statement, the library
+    kernel's one ``return``, returns."""
+    *body, last = fn.body
+    assert isinstance(last, ast.Return), fn.name
+    if not isinstance(last.value, ast.TupleExpr) or len(last.value.elts) == count:
+        return fn
+    kept = last.value.elts[:count]
+    value = kept[0] if count == 1 else dataclasses.replace(last.value, elts=kept)
+    return dataclasses.replace(fn, body=(*body, dataclasses.replace(last, value=value)))
 
 
 def instantiate(
