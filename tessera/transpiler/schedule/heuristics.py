@@ -152,13 +152,9 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
             return [{**base, "block_m": 32, "block_n": 16, "warps": 4, "stages": 1}]
         return [{**base, "block_m": 256, "block_n": 16, "warps": 1, "stages": 1}]
     if kind == "reduction":
-        # CPU: 4 rows of a 4096-wide f32 tensor are 64 KiB, so a program's few tiles stay in L2.
-        # A GPU tile kernel may carry a [T.m, T.k] tile through its loop, which a
-        # program's four warps hold as 16 columns by 8 rows of threads (16 on a 64-wide
-        # wavefront): as many rows, one each.
-        warps = 4 if hw.kind == "gpu" else 1
-        rows = warps * hw.lanes // 16 if hw.kind == "gpu" and problem.kind == "tile" else 4
-        return [{**base, "block_m": rows, "warps": warps, "stages": 1}]
+        # CPU: 4 rows of a 4096-wide f32 tensor are 64 KiB, so a program's few tiles stay in L2
+        rows = 4
+        return [{**base, "block_m": rows, "warps": 4 if hw.kind == "gpu" else 1, "stages": 1}]
     elements = 1024 if hw.kind == "gpu" else 8192
     return [{**base, "block_m": elements, "warps": 8 if hw.kind == "gpu" else 1, "stages": 1}]
 
