@@ -7,6 +7,7 @@ dtype with its policies. Each policy is checked against the dtype it is on.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from ..frontend import ast
@@ -31,7 +32,7 @@ __all__ = [
     "resolve_type",
     "resolve_result",
     "type_expr",
-    "FixedSizes",
+    "typed_for_caller",
     "unimplemented_policies",
     "TENSOR_TYPES",
     "TYPE_NAMES",
@@ -433,6 +434,33 @@ class FixedSizes:
     @property
     def defines(self) -> dict[str, Dim]:
         return {name: Dim.named(value, Dim.sym(name)) for name, value in self.values.items()}
+
+
+def typed_for_caller(
+    node: ast.FunctionDef, declared: dict[str, ValueType], declared_results: tuple[ValueType, ...],
+    typed: dict[str, TensorType], results: tuple[TensorType, ...], sizes: frozenset[str],
+) -> tuple[ast.FunctionDef, dict[str, Dim]]:  # fmt: skip
+    """A kernel ``node`` (a library kernel, or a tile kernel of the file that a graph
+    function calls) with its tensor parameters typed as ``typed`` gives them and its
+    results as ``results``; ``declared`` and ``declared_results`` are their types as the
+    kernel declares them, and ``sizes`` the caller's. The sizes that the caller fixes
+    keep the kernel's names (``FixedSizes``), whose definitions come back beside it."""
+    paired = (
+        list(zip(declared_results, results, strict=True))
+        if len(declared_results) == len(results)
+        else []
+    )
+    fixed = FixedSizes([*((declared[n], t) for n, t in typed.items()), *paired], sizes)
+    if paired:
+        results = tuple(fixed.respelled(d, t) for d, t in paired)
+    params = tuple(
+        dataclasses.replace(p, annotation=type_expr(fixed.respelled(declared[p.name],
+                                                                    typed[p.name])))
+        if p.name in typed else p
+        for p in node.params
+    )  # fmt: skip
+    retyped = dataclasses.replace(node, params=params, returns=result_expr(results))
+    return retyped, fixed.defines
 
 
 def _aligned(declared: ValueType, given: ValueType) -> list[tuple[Dim, Dim]]:

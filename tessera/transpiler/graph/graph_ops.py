@@ -919,21 +919,15 @@ def _reduction(kind: str, keeps_dtype: bool) -> Callable[[OpCall], object]:
         if keeps_dtype
         else "The result has the accumulation dtype (f32 for floats, i32 for integers)."
     )
-    empty = {
-        "sum": " Over an empty axis it is 0.",
+    notes = {
+        "sum": " Over an empty axis it is 0. Of a mask, the count of its true elements (an "
+        "i32), as numpy's and PyTorch's ``(x > 0).sum()``.",
         "max": " Over an empty axis it is -inf (numpy and PyTorch raise): the identity of "
         "the maximum, which ``any`` of no element (False) relies on.",
-        "mean": " Over an empty axis it is NaN (0/0), as numpy's.",
+        "mean": " Over an empty axis it is NaN (0/0), as numpy's. Of a mask, the fraction "
+        "of its true elements (an f32).",
     }[kind]
-    counts = {
-        "sum": " Of a mask, the count of its true elements (an i32), as numpy's and "
-        "PyTorch's ``(x > 0).sum()``.",
-        "max": "",
-        "mean": " Of a mask, the fraction of its true elements (an f32).",
-    }[kind]
-    rule.__doc__ = (
-        f"{what} over ``axis``, dropping it unless ``keepdims``; {_AXES} {dtype}{empty}{counts}"
-    )
+    rule.__doc__ = f"{what} over ``axis``, dropping it unless ``keepdims``; {_AXES} {dtype}{notes}"
     return rule
 
 

@@ -21,11 +21,9 @@ from ..frontend.source import Span
 from ..options import Options
 from . import loss_scale, optim, optstate, quant  # noqa: F401  (they register graph ops)
 from .annotations import (
-    FixedSizes,
     resolve_result,
     resolve_type,
-    result_expr,
-    type_expr,
+    typed_for_caller,
     unimplemented_policies,
 )
 from .autodiff import Region
@@ -1647,21 +1645,8 @@ class _TileCall(_Inlined):
         declared = {p.name: resolve_type(p.annotation, defines) for p in self.node.params
                     if p.name in typed and p.annotation is not None}  # fmt: skip
         declared_results = result_types(resolve_result(self.node.returns, defines))
-        paired = (
-            list(zip(declared_results, results, strict=True))
-            if len(declared_results) == len(results)
-            else []
-        )
-        fixed = FixedSizes([*((declared[n], t) for n, t in typed.items()), *paired], sizes)
-        if paired:
-            results = tuple(fixed.respelled(d, t) for d, t in paired)
-        params = tuple(
-            replace(p, annotation=type_expr(fixed.respelled(declared[p.name], typed[p.name])))
-            if p.name in typed else p
-            for p in self.node.params
-        )  # fmt: skip
-        node = replace(self.node, params=params, returns=result_expr(results))
-        function, error = _analysed(self.owner, node, sizes, fixed.defines)
+        node, fixed = typed_for_caller(self.node, declared, declared_results, typed, results, sizes)
+        function, error = _analysed(self.owner, node, sizes, fixed)
         if error is None:
             assert function is not None
             return function

@@ -28,7 +28,7 @@ from typing import Any
 from ..frontend import ast
 from ..frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Note, Severity
 from ..frontend.kept_parse import parse_library_file
-from ..graph.annotations import FixedSizes, resolve_result, resolve_type, result_expr, type_expr
+from ..graph.annotations import resolve_result, resolve_type, typed_for_caller
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
 from ..graph.graph_ops import DRAWN, rows_permuted, view_starts
@@ -132,23 +132,9 @@ def _typed_kernel(
     sizes = frozenset(s for t in (*operands, *results) for d in t.dims for s in d.symbols())
     # the library's own names for the sizes that the caller fixes (gemm's K of 256)
     declared, declared_results = _declared_types(template)
-    paired = (
-        list(zip(declared_results, results, strict=True))
-        if len(declared_results) == len(results)
-        else []
-    )
-    fixed = FixedSizes([*((declared[n], t) for n, t in typed.items()), *paired], sizes)
-    if paired:
-        results = tuple(fixed.respelled(d, t) for d, t in paired)
-    params = tuple(
-        dataclasses.replace(p, annotation=type_expr(fixed.respelled(declared[p.name],
-                                                                    typed[p.name])))
-        if p.name in typed else p
-        for p in fn.params
-    )  # fmt: skip
-    fn = dataclasses.replace(fn, params=params, returns=result_expr(results))
+    fn, fixed = typed_for_caller(fn, declared, declared_results, typed, results, sizes)
     diags = Diagnostics()
-    options = Options(defines=tuple(sorted(fixed.defines.items())))
+    options = Options(defines=tuple(sorted(fixed.items())))
     module = analyze(ast.Module((fn,), span=fn.span), options, diags, sizes)
     diags.check()
     return module.functions[0]

@@ -330,15 +330,13 @@ class _Lowering:
         crossed = [(s, o) for s, o in zip(spelled, own, strict=True) if s in _ROLE_OF and s != o]
         if not crossed:
             return
-        raise CompileError((Diagnostic(
-            Severity.ERROR,
+        raise self._at_return(
             f"the returned tile is [{', '.join(str(d) for d in returned.dims)}], but a "
             f"program stores its block of the result, [{', '.join(own)}]: its "
             f"{crossed[0][0]} block where the result's {crossed[0][1]} block goes. To "
             "write a transposed block, load the block it transposes from with "
-            "rows=T.n, cols=T.m",
-            self.function.return_span or self.function.span,
-        ),))  # fmt: skip
+            "rows=T.n, cols=T.m"
+        )
 
     def _check_owned(self, axis: str, spelled: Dim, size: Dim, extent: Dim, offset: Dim) -> None:
         """A returned tile is stored at the program's own block: along an axis that the
@@ -356,15 +354,19 @@ class _Lowering:
             return
         what = "rows" if axis == "rows" else "columns"
         step = "T.m" if role == "pid_m" else "T.n"
-        raise CompileError((Diagnostic(
-            Severity.ERROR,
+        raise self._at_return(
             f"the returned tile has {size} {what}, but each program of the grid owns a "
             f"block of {block} {what} of the result ({step}): every program would store "
             f"its tile over the same {what}. Return a tile of {step} {what} (a block of "
             "each program's own), or write the result with tile.store at offsets the "
-            "program computes",
-            self.function.return_span or self.function.span,
-        ),))  # fmt: skip
+            "program computes"
+        )
+
+    def _at_return(self, message: str) -> CompileError:
+        """An error of the kernel's ``return``, the user's line that the tile stage
+        cannot lower as written."""
+        span = self.function.return_span or self.function.span
+        return CompileError((Diagnostic(Severity.ERROR, message, span),))
 
     def _declared(self, op: Op | None, result: int) -> tuple[Dim, ...]:
         """The dims of the tensor that ``op`` (a load or store, or None: the store of the

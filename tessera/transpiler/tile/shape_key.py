@@ -14,8 +14,8 @@ values, which are compared by where they stand, not by their ids. So that code t
 orders values by id (creation order) orders both kernels' values alike, the key also
 holds the order of the ids. Fields that equality leaves out (spans, a tile type's tile
 names, the name a constant dim is spelled by) are part of the key: they print as
-comments and names. Each span's source file
-is compared by identity, as it is one object per file in a compilation.
+comments and names. Each span's source file is compared by identity, as it is one
+object per file in a compilation.
 """
 
 from __future__ import annotations
@@ -101,11 +101,12 @@ def find_twins(kernels: list[TileKernel]) -> dict[str, str]:
     """For each kernel whose content an earlier one of ``kernels`` has, that one's
     name, by the kernel's. The key walk costs about a tenth of emitting a kernel, so it
     is skipped for a kernel that differs from all others in what a glance shows."""
-    glance = Counter(map(_glance, kernels))
+    glances = [_glance(k) for k in kernels]
+    seen = Counter(glances)
     first: dict[Hashable, str] = {}
     twins: dict[str, str] = {}
-    for kernel in kernels:
-        if glance[_glance(kernel)] > 1:
+    for kernel, glance in zip(kernels, glances, strict=True):
+        if seen[glance] > 1:
             name = first.setdefault(content_key(kernel), kernel.name)
             if name != kernel.name:
                 twins[kernel.name] = name
