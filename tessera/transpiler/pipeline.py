@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..frozen import frozen
 from .frontend import ast
-from .frontend.depth import recursion_headroom
 from .frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Severity
 from .frontend.fingerprint import fingerprints
 from .frontend.parser import parse
@@ -31,6 +30,7 @@ from .graph.printer import print_graph
 from .graph.sema import analyze
 from .graph.stochastic import stochastic_results
 from .options import Options, OptionsError
+from .process_settings import few_collections, recursion_headroom
 from .schedule.ir import ScheduleModule
 from .schedule.lower import schedule_module
 from .schedule.printer import print_schedule
@@ -126,7 +126,9 @@ def _sched_stage(
 ) -> ScheduleModule:
     _check_dtypes(irs["graph"], options.target, diags)
     diags.check()
-    module = schedule_module(irs["graph"], options, diags, fingerprints(irs["ast"]))
+    # the fingerprints key a schedule cache's records: printed only where one is given
+    known = fingerprints(irs["ast"]) if options.schedule_cache is not None else {}
+    module = schedule_module(irs["graph"], options, diags, known)
     diags.check()
     return module
 
@@ -284,7 +286,7 @@ class Program:
         self._run(until)
 
     def _run(self, until: str | None) -> None:
-        with recursion_headroom():
+        with recursion_headroom(), few_collections():
             self._stages(until)
 
     def _stages(self, until: str | None) -> None:

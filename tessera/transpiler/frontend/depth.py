@@ -7,44 +7,17 @@ bound, each evaluated). So the parser refuses a program nested deeper than
 a recursion limit that covers the deepest program it accepts. A flat chain such as
 ``a + b + ... + z`` is a left-deep tree, one level per term, so the limit allows long
 ones; the later IRs are flat lists of operations and do not recurse on it.
+(``process_settings.recursion_headroom`` raises the limit while a compilation runs.)
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-__all__ = ["MAX_DEPTH", "recursion_headroom"]
+__all__ = ["MAX_DEPTH", "RECURSION_NEEDED"]
 
 #: Levels of nested expressions and blocks, counted from the top of the file.
 MAX_DEPTH = 500
 #: Python frames per level in the deepest-recursing pass, and frames around them.
 _FRAMES_PER_LEVEL = 10
 _BASE_FRAMES = 1000
-_NEEDED = MAX_DEPTH * _FRAMES_PER_LEVEL + _BASE_FRAMES
-
-_lock = threading.Lock()
-_users = 0
-_saved = 0
-
-
-@contextmanager
-def recursion_headroom() -> Iterator[None]:
-    """Raise Python's recursion limit to what the deepest accepted program needs while
-    any compilation runs (the limit is the process's, so concurrent compilations share
-    one raise, and the last one out restores the caller's limit)."""
-    global _users, _saved
-    with _lock:
-        if _users == 0:
-            _saved = sys.getrecursionlimit()
-            sys.setrecursionlimit(max(_saved, _NEEDED))
-        _users += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _users -= 1
-            if _users == 0:
-                sys.setrecursionlimit(_saved)
+#: The recursion limit that the deepest program the parser accepts needs.
+RECURSION_NEEDED = MAX_DEPTH * _FRAMES_PER_LEVEL + _BASE_FRAMES

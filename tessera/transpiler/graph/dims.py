@@ -174,6 +174,11 @@ class Dim:
     def substitute(self, values: Mapping[str, int | Dim]) -> Dim:
         """This dim with each symbol that ``values`` gives replaced: by a number (``-D``),
         or by a dim (a called function's sizes, which are its caller's dims)."""
+        if self.symbol is not None:  # most dims of a tile's type: no arithmetic to do
+            given = values.get(self.symbol)
+            if given is None:
+                return self
+            return given if isinstance(given, Dim) else Dim.const(given)
         if not any(symbol in values for monomial, _ in self.terms for symbol, _ in monomial):
             return self
         result = Dim.const(0)

@@ -22,6 +22,7 @@ __all__ = [
     "kv_visible",
     "param_name",
     "names_used",
+    "words",
     "MAX_INLINED_OPS",
 ]
 
@@ -186,6 +187,13 @@ def integer_variant(op: Any) -> str:
 #: What does not name a C variable: a string literal, a block comment, a line comment
 #: (a quoted ``.tsr`` line, ``// y = x @ w``, cites names that the code may never read).
 _NOT_CODE = re.compile(r'"(?:\\.|[^"\\\n])*"|/\*.*?\*/|//[^\n]*', re.S)
+
+
+def words(text: str) -> frozenset[str]:
+    """The words (``\\w+``) of ``text``. For a name, ``name in words(text)`` is
+    ``re.search(rf"\\b{name}\\b", text)``, with one scan of the text for all the names
+    a caller asks about."""
+    return frozenset(re.findall(r"\w+", text))
 
 
 def names_used(code: Iterable[str]) -> frozenset[str]:

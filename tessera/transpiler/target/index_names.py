@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from .cexpr import words
+
 __all__ = ["with_named_indices"]
 
 #: The name given to the global index of each local one.
@@ -45,7 +47,7 @@ def with_named_indices(lines: list[str], tiles: frozenset[str], index_type: str)
         return list(lines)
     lines = list(lines)
     text = "\n".join(lines)
-    taken = {name for name in _NAMES.values() if re.search(rf"\b{name}\b", text)}
+    taken = words(text).intersection(_NAMES.values())
     offset = rf"(?:{'|'.join(sorted(tiles))})\*\w+"
     k = 0
     while k < len(lines):

@@ -56,6 +56,7 @@ from .cexpr import (
     kv_slot,
     kv_visible,
     saturated,
+    words,
 )
 from .debug_checks import bounds_lines
 from .index_names import with_named_indices
@@ -453,9 +454,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                    for name, value in self.stage_bytes_names.values()]  # fmt: skip
         prologue = (*derived, *self.prologue.values())
         code = re.sub(r"//.*", "", "\n".join((*prologue, *body)))
+        used = words(code)
         numbers = [self.d.constant.format(name=name, value=self.numbers[name][1])
-                   for name in NUMBERS
-                   if name in self.numbers and re.search(rf"\b{name}\b", code)]  # fmt: skip
+                   for name in NUMBERS if name in self.numbers and name in used]  # fmt: skip
         code += "\n".join(numbers)
         # a program's threads are whole warps: the schedule's count of them
         warps = {name: _warps(count // self.lanes, self.named("WARP_SIZE", self.lanes))
@@ -463,10 +464,10 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                  if count and count % self.lanes == 0}  # fmt: skip
         prologue = (*self.constants.declarations(code, self.d.constant, warps), *numbers,
                     *prologue)  # fmt: skip
-        declared = "\n".join(prologue)
+        declared = words("\n".join(prologue))
         blocks = {self.symbols[a.name]: step for a in self.kernel.grid
                   if (step := self.constants.step(a.name)) is not None
-                  and re.search(rf"\b{step}\b", declared)}  # fmt: skip
+                  and step in declared}  # fmt: skip
         return SimtKernel(self.kernel.name, tuple(params), sizes, grid, threads,
                           prologue, body,
                           frozenset(self.wgmma), self.smem_bytes, self.static_smem_bytes,

@@ -17,7 +17,6 @@ compute), for the strides of the loops its threads share and the sizes of their 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import field
 from functools import cached_property
@@ -26,6 +25,7 @@ from typing import Any
 from ...frozen import frozen
 from ..graph.dims import Dim
 from ..tile.ir import TileKernel
+from .cexpr import words
 from .naming import Namer
 
 __all__ = ["TileConstants", "tile_constants"]
@@ -109,10 +109,11 @@ class TileConstants:
         (``THREADS = 4*TSR_WARP_SIZE``)."""
         values: dict[str, int | str] = {name: value for value, name in self._values()}
         values.update(written or {})
+        used = words(code)
         return [
             form.format(name=name, value=values[name])
             for name in sorted(values, key=lambda n: (_ORDER.get(n[:2], len(_ORDER)), n))
-            if re.search(rf"\b{name}\b", code)
+            if name in used
         ]
 
 
