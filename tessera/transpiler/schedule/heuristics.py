@@ -12,11 +12,11 @@ tiles past a ragged edge). Otherwise reuse alone decides: the largest tile.
 
 from __future__ import annotations
 
-from .hardware import Hardware
+from .hardware import GRID_COLUMNS, Hardware
 from .problem import Problem
 from .resources import resources
 
-__all__ = ["default_knobs", "candidates", "score", "loop_tiles"]
+__all__ = ["default_knobs", "candidates", "score", "loop_tiles", "walking_rows"]
 
 Knobs = dict[str, object]
 
@@ -157,6 +157,19 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
         return [{**base, "block_m": rows, "warps": 4 if hw.kind == "gpu" else 1, "stages": 1}]
     elements = 1024 if hw.kind == "gpu" else 8192
     return [{**base, "block_m": elements, "warps": 8 if hw.kind == "gpu" else 1, "stages": 1}]
+
+
+def walking_rows(knobs: Knobs, hw: Hardware) -> Knobs:
+    """The heuristic's knobs for a row-block tile kernel that walks its rows' columns in
+    blocks (``tile.load(x, rows=T.m, cols=kb)`` in a ``tile.range_n`` loop). On a GPU a
+    program's threads hold each ``[T.m, step]`` block as ``GRID_COLUMNS`` columns by
+    ``threads / GRID_COLUMNS`` rows of threads (8 under four 32-wide warps, 16 under
+    four 64-wide wavefronts), a row each, so the row block has at least that many rows.
+    The other row kernels keep 4: the library's, which hold whole rows, spill with 8."""
+    if hw.kind != "gpu":
+        return knobs
+    rows = int(knobs["warps"]) * hw.lanes // GRID_COLUMNS
+    return {**knobs, "block_m": max(int(knobs["block_m"]), rows)}
 
 
 def loop_tiles(problem: Problem, hw: Hardware) -> Knobs:

@@ -26,7 +26,7 @@ from ..graph.schedule_spec import ScheduleSpec
 from ..graph.types import KVCacheType, TensorType, TileType, result_types
 from ..options import Options
 from .hardware import Hardware, hardware_for
-from .heuristics import default_knobs, loop_tiles, score
+from .heuristics import default_knobs, loop_tiles, score, walking_rows
 from .ir import CacheSlot, GridDim, HostProgram, Launch, ScheduleModule
 from .memory import Interval, plan_buffers
 from .problem import Problem
@@ -237,6 +237,8 @@ class _Scheduler:
         used = _tile_dims(program) if program is not None else frozenset()
         steps = {k: v for k, v in loop_tiles(problem, self.hw).items()
                  if program is not None and _KNOB_SYMBOL[k] in _loop_steps(program)}  # fmt: skip
+        if steps and problem.works_like == "reduction" and source == "heuristic":
+            knobs = walking_rows(knobs, self.hw)
         tiles = _tiles("tile" if program is not None else problem.works_like,
                        {**steps, **knobs}, used)  # fmt: skip
         if program is not None and self.diags.error_count == errors:  # one error a kernel
