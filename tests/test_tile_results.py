@@ -197,7 +197,8 @@ PAIR = 'tuple[Tensor["R", "C", f32], Tensor["R", "C", f32]]'
          "returns f32, but the declared result is i32"),
         ('tuple[Tensor["R", "C", f32], Tensor["R", f32]]', "a, tile.sum(b, axis=1)",
          "have one rank and agree in the axes T.m and T.n tile: the first is [T.m, C], "
-         "value 2 [T.m]"),
+         "value 2 [T.m]; give value 2 its missing axes with None (a [T.m] row vector as "
+         "v[:, None]) and its result 1 there"),
         ('tuple[Tensor["R", "C", f32], Tensor["C", "R", f32]]', "a, tile.transpose(b)",
          "the first is [T.m, C], value 2 [C, T.m]"),
         ('tuple[Tensor["R", "C", f32], Tensor["S", "C", f32]]', "a, b",

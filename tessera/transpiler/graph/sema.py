@@ -1351,10 +1351,16 @@ def _same_programs(values: tuple[Value, ...], declared: tuple[Any, ...], span: S
             a != b and _PROGRAM_TILES & {a.symbol, b.symbol}
             for a, b in zip(v.type.dims, first.dims, strict=True)
         ):
+            # a row's statistic beside the rows: a column of one, as keepdims gives
+            hint = (
+                f"; give value {i + 1} its missing axes with None (a [T.m] row vector "
+                "as v[:, None]) and its result 1 there (Tensor[\"R\", 1, f32])"
+                if v.type.rank < first.rank else ""
+            )  # fmt: skip
             raise SemanticError(
                 "the tiles a tile kernel returns are stored by the same programs, so they "
                 "have one rank and agree in the axes T.m and T.n tile: the first is "
-                f"{dims_text(first.dims)}, value {i + 1} {dims_text(v.type.dims)}",
+                f"{dims_text(first.dims)}, value {i + 1} {dims_text(v.type.dims)}{hint}",
                 span,
             )
         lead = first_out.rank - first.rank
