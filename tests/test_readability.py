@@ -123,15 +123,6 @@ def test_every_inlined_header_paragraph_is_used(path: Path) -> None:
 
 #: The SIMT kernels.
 SIMT = [p for p in WRAPPED if "cpu" not in p.name]
-#: The SIMT files whose kernels still repeat numbers, and why. A size that a library
-#: kernel's caller fixes is the library's name for it (``K``, ``D/2``, ``4*D``), and a
-#: loop's literal step a tile (``BK``); what is left is numbers only the source writes:
-#: decode's SYCL host functions allocate its intermediates by bytes (``1024*B*T``), and
-#: on CUDA, ``w4a16`` tests each fragment's scale row against the extent ``K/32`` of
-#: ``scale: Tensor["K/32", "N"]``, whose group of 32 has no name.
-_NUMBERED = {
-    **{f"quant_linear-{t}": "the group of K/32" for t in ("cuda-sm_80", "cuda-sm_90a")},
-}
 #: Where a CPU program writes a tile's extent: a loop bound, a row stride of a tile's
 #: element, the size of a fill or copy, a loaded tile's rows and columns.
 _CPU_EXTENT = re.compile(
@@ -182,12 +173,7 @@ def test_a_read_inside_a_store_does_not_test_its_condition_again(path: Path) -> 
         assert not repeated, f"{store[0][:80]}: tests {repeated} again"
 
 
-@pytest.mark.parametrize(
-    "path",
-    [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=_NUMBERED[i]))
-     if i in _NUMBERED else p for p, i in zip(SIMT, _ids(SIMT), strict=True)],
-    ids=_ids(SIMT),
-)  # fmt: skip
+@pytest.mark.parametrize("path", SIMT, ids=_ids(SIMT))
 def test_tile_constants_are_named(path: Path) -> None:
     """No integer literal of a tile's size repeats in a kernel more than a few times:
     it is a named constant there. (The CPU programs are measured more closely above: a
@@ -205,6 +191,27 @@ def test_tile_constants_are_named(path: Path) -> None:
         counts = Counter(re.findall(rf"(?<![\w.])(\d{{{len(str(_SMALL))},}})(?![\w.])", code))
         worst |= Counter({n: c for n, c in counts.items() if int(n) >= _SMALL})
     assert max(worst.values(), default=0) <= 3, worst.most_common(3)
+
+
+#: A kernel over vectors whose length is a quotient of sizes.
+_HALVES = """
+@kernel
+def halves(r: Tensor["R", f32], x: Tensor["R/2", f32], y: Tensor["R/2", f32]):
+    T = tile.context()
+    tile.store(y, tile.load(x, rows=T.m) * 2.0)
+"""
+
+
+@pytest.mark.parametrize("target", ["cuda", "hip", "opencl", "sycl"])
+def test_a_quotient_extent_is_named_once(target: str) -> None:
+    """A mask tests an extent that divides a size (``y: Tensor["R/2"]``) by the name the
+    kernel declares it under once, after the tensor's axis (``y_size``, as
+    ``quant_linear``'s ``scale_rows`` for ``scale: Tensor["K/32", "N"]``), not by the
+    division that each unrolled fragment's mask would write again."""
+    source = tessera.compile(_HALVES, target=target).source
+    kernel = re.sub(r"//.*", "", source.split("// ---- halves")[1].split("\n// ---- ")[0])
+    assert re.search(r"const long (long )?y_size = \(R\)/2;", kernel), kernel
+    assert kernel.count("(R)/2") == 1 and "e < y_size)" in kernel, kernel
 
 
 def test_tma_stages_announce_named_bytes() -> None:

@@ -727,6 +727,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 32;
   constexpr int MMA_K = 16;
+  const long long scale_rows = (K)/32;
   // 24576 bytes, given at launch
   extern __shared__ __align__(TSR_CHUNK_BYTES) unsigned char tsr_smem[];
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
@@ -824,34 +825,32 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
             + fn * TSR_MMA_N + lane / 4) >> 1]
             >> ((((BK*kb + kk + lane % 4 * 2) * N + BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N
             + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4]
-            : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 1 < K
+            * (kb < scale_rows && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[kb * N + BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4] : 0.0f)))),
+            tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 1 < K
             && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
             ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n
             + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4) >> 1]
             >> ((((BK*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + wave % 4 * WARP_N
             + fn * TSR_MMA_N + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4]
-            : 0.0f)))));
+            * (kb < scale_rows && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[kb * N + BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
         b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 8
             < K && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
             ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n
             + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4) >> 1]
             >> ((((BK*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + wave % 4 * WARP_N
             + fn * TSR_MMA_N + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4]
-            : 0.0f)))), tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 8 + 1 < K
+            * (kb < scale_rows && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[kb * N + BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4] : 0.0f)))),
+            tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 8 + 1 < K
             && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
             ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n
             + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4) >> 1]
             >> ((((BK*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + wave % 4 * WARP_N
             + fn * TSR_MMA_N + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4]
-            : 0.0f)))));
+            * (kb < scale_rows && BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[kb * N + BN*pid_n + wave % 4 * WARP_N + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
         #pragma unroll
         for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm)
             tsr_mma_m16n8k16_bf16(&acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS],

@@ -918,6 +918,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   constexpr int THREADS = 8*TSR_WARP_SIZE;
   constexpr int WARP_M = 16;
   constexpr int MMA_K = 16;
+  const long long scale_rows = (K)/32;
   extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 32768 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -1010,30 +1011,30 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
             ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * TSR_MMA_N
             + lane / 4) >> 1] >> ((((BK*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * TSR_MMA_N
             + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))),
+            * (kb < scale_rows && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[kb * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))),
             tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 1 < K
             && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
             ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * TSR_MMA_N
             + lane / 4) >> 1] >> ((((BK*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n
             + fn * TSR_MMA_N + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
+            * (kb < scale_rows && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[kb * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
         b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 8
             < K && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
             ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * TSR_MMA_N
             + lane / 4) >> 1] >> ((((BK*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n
             + fn * TSR_MMA_N + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))),
+            * (kb < scale_rows && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[kb * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))),
             tsr_float_to_bf16(tsr_round_bf16((((BK*kb + kk + lane % 4 * 2 + 8 + 1 < K
             && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
             ? (float)(((((int)w[((BK*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n
             + fn * TSR_MMA_N + lane / 4) >> 1]
             >> ((((BK*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * TSR_MMA_N
             + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-            * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
-            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
+            * (kb < scale_rows && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[kb * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
         tsr_mma_m16n8k16_bf16(&acc[fn * TSR_MMA_REGS], a_frag[0], b_frag);
       }
     }

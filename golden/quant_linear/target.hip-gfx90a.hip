@@ -531,6 +531,7 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
   constexpr int MMA_K = 8;
+  const long long scale_rows = (K)/32;
   __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -608,8 +609,8 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
               + wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) >> 1]
               >> ((((BK*kb + kk + lane / TSR_MMA_M * 4 + q) * N + BN*pid_n + wave % 2 * WARP_N
               + fn * TSR_MMA_N + lane % TSR_MMA_N) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-              * (kb + 0 < (K)/32 && BN*pid_n + wave % 2 * WARP_N + fn * TSR_MMA_N
-              + lane % TSR_MMA_N < N ? scale[(kb + 0) * N + BN*pid_n + wave % 2 * WARP_N
+              * (kb < scale_rows && BN*pid_n + wave % 2 * WARP_N + fn * TSR_MMA_N
+              + lane % TSR_MMA_N < N ? scale[kb * N + BN*pid_n + wave % 2 * WARP_N
               + fn * TSR_MMA_N + lane % TSR_MMA_N] : 0.0f))));
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < TSR_MMA_REGS; ++reg)

@@ -389,6 +389,7 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
   enum { TX = 16 };
   enum { TY = THREADS / TX };
   enum { RM = BM / TY };
+  const long scale_rows = (K)/32;
   __local uchar tsr_smem[4096] __attribute__((aligned(TSR_CHUNK_BYTES)));
   __local ushort* const a_smem = (__local ushort*)(tsr_smem + 0);
   const int tx = lid % TX, ty = lid / TX;
@@ -432,8 +433,8 @@ void w4a16(__global const ushort* restrict x, __global const char* restrict w,
           b_k[c] = tsr_round_bf16((((BK*kb + kk < K && BN*pid_n + tx + c * TX < N
           ? (float)(((((int)w[((BK*kb + kk) * N + BN*pid_n + tx + c * TX) >> 1]
           >> ((((BK*kb + kk) * N + BN*pid_n + tx + c * TX) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-          * (kb + 0 < (K)/32 && BN*pid_n + tx + c * TX < N
-          ? scale[(kb + 0) * N + BN*pid_n + tx + c * TX] : 0.0f)));
+          * (kb < scale_rows && BN*pid_n + tx + c * TX < N
+          ? scale[kb * N + BN*pid_n + tx + c * TX] : 0.0f)));
       for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }

@@ -504,6 +504,7 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
   constexpr int RM = BM / TY;
+  const long long scale_rows = (K)/32;
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
@@ -546,8 +547,8 @@ inline void w4a16_k0(const unsigned short* __restrict__ x, const signed char* __
           b_k[c] = tsr_round_bf16((((BK*kb + kk < K && BN*pid_n + tx + c * TX < N
           ? (float)(((((int)w[((BK*kb + kk) * N + BN*pid_n + tx + c * TX) >> 1]
           >> ((((BK*kb + kk) * N + BN*pid_n + tx + c * TX) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
-          * (kb + 0 < (K)/32 && BN*pid_n + tx + c * TX < N
-          ? scale[(kb + 0) * N + BN*pid_n + tx + c * TX] : 0.0f)));
+          * (kb < scale_rows && BN*pid_n + tx + c * TX < N
+          ? scale[kb * N + BN*pid_n + tx + c * TX] : 0.0f)));
       for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }

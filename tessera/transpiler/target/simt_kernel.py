@@ -289,6 +289,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         self.overwritten: dict[int, list[tuple[int, Access]]] = {}
         self.expired: set[int] = set()
         self.stored_so_far: set[int] = set()
+        #: The name of each quotient extent that a mask tests (``extent``).
+        self.extents: dict[Dim, str] = {}
         #: While a store's value is printed: the terms of the condition it is stored under,
         #: which a read inside the value need not test again.
         self.implied: frozenset[str] = frozenset()
@@ -452,6 +454,10 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                                         self.constants.names, self.d.index_type))  # fmt: skip
         derived = [self.d.constant.format(name=name, value=value)
                    for name, value in self.stage_bytes_names.values()]  # fmt: skip
+        masks = "\n".join(body)  # a read under a store that tests its bound leaves it out
+        derived += [f"const {self.d.index_type} {name} = {self.c(dim)};"
+                    for dim, name in self.extents.items()
+                    if re.search(rf"\b{name}\b", masks)]  # fmt: skip
         prologue = (*derived, *self.prologue.values())
         code = re.sub(r"//.*", "", "\n".join((*prologue, *body)))
         used = words(code)
@@ -1150,19 +1156,25 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             next((s for s in (a.extent, a.whole) if s is not None and s.spelled and s == d), d)
             for a, d in zip(at.axes, tensor.type.dims, strict=True)
         )
-        return self.position(dims, at, index, t)
+        return self.position(dims, at, index, t, self.forms[tensor.id].name)
 
     def position(
-        self, dims: tuple[Dim, ...], at: Access, index: tuple[str, ...], t: Any = None
+        self,
+        dims: tuple[Dim, ...],
+        at: Access,
+        index: tuple[str, ...],
+        t: Any = None,
+        tensor: str | None = None,
     ) -> tuple[str, str]:
         """(row-major position in a tensor of ``dims``, condition) of the access at a
         tile index; an offset along an axis of a tile of ``t`` (or, without ``t``, of
-        the one tile of the axis's size) counts whole tiles by its name."""
+        the one tile of the axis's size) counts whole tiles by its name. The condition
+        tests a quotient extent of ``tensor`` (its C name) by its name (``extent``)."""
         tile = iter(index)
         tiles = iter(self.constants.shape(t) if t is not None else ())
         offset = ""
         conditions = []
-        for axis, d in zip(at.axes, dims, strict=True):
+        for k, (axis, d) in enumerate(zip(at.axes, dims, strict=True)):
             if axis.index:
                 pos = self.c(axis.offset)
             else:
@@ -1170,11 +1182,32 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                 name = next(tiles, None)
                 unit = axis.size if name is None or name.constant is not None else name
                 offset_ = self.c(axis.offset, unit)
-                pos = i if axis.offset == Dim.const(0) else f"{offset_} + {i}"
+                if axis.offset == Dim.const(0):
+                    pos = i
+                else:  # a one-row tile's row is the offset itself
+                    pos = offset_ if i == "0" else f"{offset_} + {i}"
                 if axis.masked:
-                    conditions.append(f"{pos} < {self.c(axis.extent)}")
+                    whole = tensor is not None and axis.extent == d  # the tensor's own dim
+                    extent = self.extent(tensor, dims, k) if whole else self.c(axis.extent)
+                    conditions.append(f"{pos} < {extent}")
             offset = pos if not offset else f"{parenthesized(offset)} * {self.factor(d)} + {pos}"
         return offset, " && ".join(conditions)
+
+    def extent(self, tensor: str, dims: tuple[Dim, ...], axis: int) -> str:
+        """Dim ``axis`` of the tensor named ``tensor``, of ``dims``, as a mask tests it: a
+        quotient of sizes by the name the kernel declares it under once (``scale:
+        Tensor["K/32", "N"]``'s ``scale_rows``, after the first tensor whose dim it is),
+        where each unrolled fragment's mask would otherwise write the division and its
+        number again."""
+        dim = dims[axis]
+        if dim.constant is not None or dim.is_integral:
+            return self.c(dim)
+        if dim not in self.extents:
+            # a tensor's last axes as ``tile.load`` calls them, a vector's length its size
+            words = ("size",) if len(dims) == 1 else (*(f"dim{k}" for k in range(len(dims) - 2)),
+                                                       "rows", "cols")  # fmt: skip
+            self.extents[dim] = self.namer.fresh(f"{tensor}_{words[axis]}")
+        return self.extents[dim]
 
     def global_element(self, tensor: Value, at: Access, t: Any = None) -> Element:
         """A tensor's element at an index of a tile of type ``t`` as a float; zero past a
