@@ -454,10 +454,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                                         self.constants.names, self.d.index_type))  # fmt: skip
         derived = [self.d.constant.format(name=name, value=value)
                    for name, value in self.stage_bytes_names.values()]  # fmt: skip
-        masks = "\n".join(body)  # a read under a store that tests its bound leaves it out
+        masks = words("\n".join(body))  # a read under a store that tests its bound leaves it out
         derived += [f"const {self.d.index_type} {name} = {self.c(dim)};"
-                    for dim, name in self.extents.items()
-                    if re.search(rf"\b{name}\b", masks)]  # fmt: skip
+                    for dim, name in self.extents.items() if name in masks]  # fmt: skip
         prologue = (*derived, *self.prologue.values())
         code = re.sub(r"//.*", "", "\n".join((*prologue, *body)))
         used = words(code)
