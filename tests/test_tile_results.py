@@ -42,6 +42,16 @@ def row_stats(x: Tensor["R", "C", f32]) -> tuple[Tensor["R", "C", f32], Tensor["
     return rows - mean, tile.concat((mean, top), axis=1)
 
 @kernel
+def row_vectors(x: Tensor["B", "R", "C", f32]
+                ) -> tuple[Tensor["B", "R", "C", f32], Tensor["B", "R", f32],
+                           Tensor["B", "R", i32]]:
+    T = tile.context()
+    rows = tile.load(x, rows=T.m)
+    mean = tile.sum(rows, axis=1) / float(x.shape[-1])
+    positive = tile.sum(tile.where(rows > 0.0, 1.0, 0.0), axis=1)
+    return rows - mean[:, None], mean, tile.cast(positive, i32)
+
+@kernel
 def gemm_pair(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]
               ) -> tuple[Tensor["M", "N", f32], Tensor["M", "N", f32]]:
     T = tile.context()
@@ -125,6 +135,15 @@ def test_two_results_match_float64(
     np.testing.assert_allclose(out[1], np.hstack([mean, f64(x).max(axis=1, keepdims=True)]),
                                rtol=1e-5, atol=1e-6)  # fmt: skip
 
+    # a row's statistic as a vector, [T.m] beside [T.m, C], under a batch dim
+    x3 = rng.standard_normal((3, R, C)).astype(np.float32)
+    mean = f64(x3).mean(axis=-1)
+    out = (*_poisoned(((3, R, C), np.float32), ((3, R), np.float32)), np.full((3, R), -7, np.int32))
+    lib.row_vectors(x3, out=out)
+    np.testing.assert_allclose(out[0], f64(x3) - mean[..., None], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[1], mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out[2], (x3 > 0).sum(axis=-1))
+
     a = rng.standard_normal((R, K)).astype(np.float32)
     b = rng.standard_normal((K, N)).astype(np.float32)
     product = f64(a) @ f64(b)
@@ -195,10 +214,11 @@ PAIR = 'tuple[Tensor["R", "C", f32], Tensor["R", "C", f32]]'
          "returns a rank-2 tile into a rank-1 result"),
         ('tuple[Tensor["R", "C", f32], Tensor["R", "C", i32]]', "a, b",
          "returns f32, but the declared result is i32"),
-        ('tuple[Tensor["R", "C", f32], Tensor["R", f32]]', "a, tile.sum(b, axis=1)",
-         "have one rank and agree in the axes T.m and T.n tile: the first is [T.m, C], "
-         "value 2 [T.m]; give value 2 its missing axes with None (a [T.m] row vector as "
-         "v[:, None]) and its result 1 there"),
+        ('tuple[Tensor["R", "C", f32], Tensor["C", f32]]', "a, tile.sum(b, axis=0)",
+         "agree in the axes T.m and T.n tile, and leave out only trailing axes that one "
+         "program covers whole: the first is [T.m, C], value 2 [C]"),
+        ('tuple[Tensor["R", "C", f32], Tensor["S", f32]]', "a, tile.sum(b, axis=1)",
+         "result 2 is [S], the first [R, C]"),
         ('tuple[Tensor["R", "C", f32], Tensor["C", "R", f32]]', "a, tile.transpose(b)",
          "the first is [T.m, C], value 2 [C, T.m]"),
         ('tuple[Tensor["R", "C", f32], Tensor["S", "C", f32]]', "a, b",
@@ -215,6 +235,24 @@ def test_a_return_that_does_not_fit_is_an_error_at_its_line(
     text = str(info.value)
     assert message in text, text
     assert text.startswith("k.tsr:6:12: error:"), text
+
+
+def test_a_row_vector_beside_column_blocks_is_an_error() -> None:
+    """Beside a ``[T.m, T.n]`` tile, whose programs split the columns, a ``[T.m]`` row
+    vector would be stored by every program of a row over the same elements."""
+    source = """@kernel
+def sums(a: Tensor["M", "K", f32], b: Tensor["K", "N", f32]
+         ) -> tuple[Tensor["M", "N", f32], Tensor["M", f32]]:
+    T = tile.context()
+    acc = tile.zeros((T.m, T.n), f32)
+    for kb in tile.range_n(a.shape[1], T.k):
+        acc += tile.dot(tile.load(a, rows=T.m, cols=kb), tile.load(b, kb, cols=T.n))
+    return acc, tile.sum(acc, axis=1)
+"""
+    with pytest.raises(tessera.CompileError) as info:
+        tessera.compile(source, filename="k.tsr", target="cpu")
+    text = str(info.value)
+    assert "k.tsr:8:12" in text and "the first is [T.m, T.n], value 2 [T.m]" in text, text
 
 
 @pytest.mark.compile

@@ -1335,10 +1335,12 @@ _PROGRAM_TILES = frozenset({"T.m", "T.n"})
 def _same_programs(values: tuple[Value, ...], declared: tuple[Any, ...], span: Span) -> None:
     """A tile kernel that returns several tiles writes them all from the same programs,
     gridded by the first: each program stores its block of every result. So the tiles
-    have one rank and agree in the axes that ``T.m`` or ``T.n`` tile, and the results
-    agree in the dims the grid walks (their batch dims and the dims those tiles split);
-    a whole dim (``C``, ``T.d``, a number) may differ: a row kernel returns its rows
-    ``[T.m, C]`` and a statistic of each ``[T.m, 2]``. An error at the ``return``
+    agree in the axes that ``T.m`` or ``T.n`` tile, and the results agree in the dims
+    the grid walks (their batch dims and the dims those tiles split); a whole dim
+    (``C``, ``T.d``, a number) may differ: a row kernel returns its rows ``[T.m, C]``
+    and a statistic of each, ``[T.m, 2]``, or ``[T.m]`` (a tile may leave out trailing
+    axes that one program covers whole; not one that the programs split, which every
+    program along it would store over the same elements). An error at the ``return``
     otherwise."""
     first, first_out = values[0].type, declared[0]
     for i, (v, out) in enumerate(zip(values[1:], declared[1:], strict=True), start=1):
@@ -1347,26 +1349,28 @@ def _same_programs(values: tuple[Value, ...], declared: tuple[Any, ...], span: S
                 f"a tile kernel returns tiles: value {i + 1} of the return is {describe(v)}",
                 span,
             )
-        if v.type.rank != first.rank or any(
-            a != b and _PROGRAM_TILES & {a.symbol, b.symbol}
-            for a, b in zip(v.type.dims, first.dims, strict=True)
+        dropped = first.dims[v.type.rank :]
+        if (
+            v.type.rank > first.rank
+            or any(d.symbol in _PROGRAM_TILES for d in dropped)
+            or any(
+                a != b and _PROGRAM_TILES & {a.symbol, b.symbol}
+                for a, b in zip(v.type.dims, first.dims[: v.type.rank], strict=True)
+            )
         ):
-            # a row's statistic beside the rows: a column of one, as keepdims gives
-            hint = (
-                f"; give value {i + 1} its missing axes with None (a [T.m] row vector "
-                "as v[:, None]) and its result 1 there (Tensor[\"R\", 1, f32])"
-                if v.type.rank < first.rank else ""
-            )  # fmt: skip
             raise SemanticError(
                 "the tiles a tile kernel returns are stored by the same programs, so they "
-                "have one rank and agree in the axes T.m and T.n tile: the first is "
-                f"{dims_text(first.dims)}, value {i + 1} {dims_text(v.type.dims)}{hint}",
+                "agree in the axes T.m and T.n tile, and leave out only trailing axes that "
+                f"one program covers whole: the first is {dims_text(first.dims)}, value "
+                f"{i + 1} {dims_text(v.type.dims)}",
                 span,
             )
         lead = first_out.rank - first.rank
         walked = [a for a in range(first_out.rank)
                   if a < lead or first.dims[a - lead].symbol in _PROGRAM_TILES]  # fmt: skip
-        if out.rank != first_out.rank or any(out.dims[a] != first_out.dims[a] for a in walked):
+        if out.rank != first_out.rank - len(dropped) or any(
+            out.dims[a] != first_out.dims[a] for a in walked
+        ):
             raise SemanticError(
                 f"the results of a tile kernel are stored by the same programs, which the "
                 f"first result grids: result {i + 1} is {dims_text(out.dims)}, the first "
