@@ -293,6 +293,13 @@ BAD = {
         "def f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return square(x > 0.0)\n",
         2, "square: x > 0.0 is a mask (a comparison)",
     ),
+    "tile sum of a mask": (
+        "@kernel\ndef f(x: Tensor['R', 'C', f32]) -> Tensor['R', f32]:\n"
+        "    T = tile.context()\n"
+        "    return tile.sum(tile.load(x, rows=T.m) > 0.0, axis=1)\n",
+        4, "which only tile.where() and tile.cast() read: tile.where(tile.load(x, rows=T.m) "
+        "> 0.0, a, b) picks a or b",
+    ),
     "argmax of a tuple": (
         "def f(x: Tensor[4, 3, f32]) -> Tensor[f32]:\n    return argmax(x, axis=(0, 1))\n",
         2, "argmax: 'axis' must be an integer",

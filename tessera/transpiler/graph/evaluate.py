@@ -1188,10 +1188,11 @@ class Evaluator:
         if spec.name not in _READ_MASKS:
             mask = next((e for e in bound.values() if is_mask(e.value)), None)
             if mask is not None:
+                tile = "tile." if spec.name.startswith("tile.") else ""  # a tile kernel's
                 raise SemanticError(
-                    f"{shown}: {mask.text} is a mask (a comparison), which only where() and "
-                    f"cast() read: where({mask.text}, a, b) picks a or b, and "
-                    f"cast({mask.text}, f32) makes it 1.0 and 0.0",
+                    f"{shown}: {mask.text} is a mask (a comparison), which only {tile}where() "
+                    f"and {tile}cast() read: {tile}where({mask.text}, a, b) picks a or b, and "
+                    f"{tile}cast({mask.text}, f32) makes it 1.0 and 0.0",
                     mask.span,
                 )
         return spec.rule(OpCall(spec, bound, span, self.function, shown))
