@@ -192,3 +192,65 @@ def test_a_call_of_a_function_of_an_optimizer_state_and_a_cache_is_refused() -> 
     w = np.ones(4, np.float32)
     with pytest.raises(TypeError, match=r"step\(\) takes an OptimizerState and a KVCache"):
         lib.step(w, tessera.OptimizerState.init(w), KVCache.zeros(1, 1, 8, 2))
+
+
+#: ``cache.lengths`` before and after an append in one call, and read as positions.
+LENGTHS = """\
+@kernel
+def positions(x: Tensor["B", "D", f32], k: Tensor["B", "H", "T", "D", f32],
+              cache: KVCache["B", "H", {s_max}, "D", f32], angles: Tensor[{s_max}, "D", f32]
+              ) -> (Tensor["B", "D", f32], Tensor["B", i32], KVCache["B", "H", {s_max}, "D", f32]):
+    before = cache.lengths
+    cache = cache.append(k, k)
+    return x * take(angles, cache.lengths - 1, axis=0), before * 1000 + cache.lengths, cache
+"""
+
+
+@pytest.mark.execute
+@pytest.mark.parametrize(("target", "arch"), every_target_beyond("cpu", "opencl", "sm_80"))
+def test_lengths_read_as_i32_in_program_order(
+    target: str, arch: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cache.lengths`` is each row's length as the launches before it left it: the
+    append's own launches grow it between the two reads. The rows read as positions
+    pick the angles of each row's last position."""
+    rng = np.random.default_rng(11)
+    lib = load_everywhere(LENGTHS.format(s_max=19), target, arch, monkeypatch)
+    cache = _poisoned(3, 2, 19, 5, [0, 4, 15], None)
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    k = rng.standard_normal((3, 2, 3, 5)).astype(np.float32)
+    angles = rng.standard_normal((19, 5)).astype(np.float32)
+    out = (np.full((3, 5), np.nan, np.float32), np.full(3, -1, np.int32))
+    scaled, lengths, returned = lib.positions(x, k, cache, angles, out=out)
+    assert returned is cache
+    np.testing.assert_array_equal(lengths, [0 * 1000 + 3, 4 * 1000 + 7, 15 * 1000 + 18])
+    np.testing.assert_array_equal(cache.lengths, [3, 7, 18])
+    np.testing.assert_allclose(scaled, x * angles[[2, 6, 17]], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    new = cache.append(k, k)\n    return cache.lengths, new\n",
+        "    new = cache.append(k, k)\n    return cache.K[:, 0, 0, 0:1, 0] * 0 + 1, new\n",
+        "    new = cache.append(k, k)\n    return new.lengths, cache.append(k, k)\n",
+    ],
+    ids=["lengths", "K", "append"],
+)  # fmt: skip
+def test_a_cache_read_after_an_append_wrote_it_is_an_error(body: str) -> None:
+    """An append writes the cache's arrays in place, so the cache it was holds the new
+    positions too: reading it as the old one would give the new values. The error says
+    to use the cache the append returned."""
+    source = (
+        "@kernel\n"
+        "def f(k: Tensor['B', 2, 3, 4, f32], cache: KVCache['B', 2, 16, 4, f32]\n"
+        "      ) -> (Tensor['B', i32], KVCache['B', 2, 16, 4, f32]):\n" + body
+    )
+    with pytest.raises(tessera.CompileError) as caught:
+        tessera.compile(source, filename="f.tsr", target="cpu").ir("graph")
+    (error,) = caught.value.diagnostics
+    assert error.span.line == 5, error
+    assert (
+        "'cache' was appended to at line 4, which writes the cache's arrays in place: use "
+        "the cache that append returned"
+    ) in error.message, error.message

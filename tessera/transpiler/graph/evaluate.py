@@ -22,7 +22,7 @@ from .array_ops import MASK_READERS
 from .custom_rules import CheckpointRef, checkpoint_ref, checkpointed
 from .differentiate import grad_ref, gradient_of
 from .dims import Dim, DimSyntaxError, parse_dim
-from .dtypes import ALIASES, DTYPES, lookup_dtype
+from .dtypes import ALIASES, DTYPES, I32, lookup_dtype
 from .graph_ops import COMPARISONS, COUNTING, GRAPH_OPS, LOGICAL, folded, is_mask
 from .ir import Value
 from .kvattend import AttendCall, check_attend, default_scale, length_guards, library_module
@@ -168,14 +168,22 @@ class Evaluator:
     def lookup(self, name: str, span: Span) -> Any:
         if self.function is not None and name in self.function.env:
             value = self.function.env[name]
-            if isinstance(value, StateValue) and id(value) in self.function.donated:
-                where = self.function.donated[id(value)]
+            # by id, with the value kept beside it: an id alone may be a dead object's
+            donor, where = self.function.donated.get(id(value), (None, None))
+            if donor is not value:
+                return value
+            if isinstance(value, StateValue):
                 raise SemanticError(
                     f"'{name}' was updated by the fused_adam at line {where.line}, which "
                     "donated its arrays: use the state that call returned",
                     span,
                 )
-            return value
+            raise SemanticError(  # a KVCache, which an append wrote in place
+                f"'{name}' was appended to at line {where.line}, which writes the cache's "
+                f"arrays in place: use the cache that append returned ({name} = "
+                f"{name}.append(k, v))",
+                span,
+            )
         if name in self.owner.globals:
             return self.owner.globals[name]
         if name in CONSTANTS:
@@ -695,7 +703,7 @@ class Evaluator:
                 f"a {what} has no attribute '{attr}'{hint or did_you_mean(attr, known)}", span
             )
         if isinstance(t, KVCacheType):
-            if attr in ("K", "V"):
+            if attr in ("K", "V", "lengths"):
                 if t.dims is None or t.dtype is None:
                     raise SemanticError(
                         f"{base.text}.{attr} needs the cache's shape: declare it as "
@@ -703,14 +711,21 @@ class Evaluator:
                         span,
                         self.declaration_note(base),
                     )
+                # the lengths as i32 (the positions a row holds, where rotary angles or a
+                # mask are read), from the cache's int64 array by a launch of their own
+                read = (
+                    TensorType((t.dims[0],), I32)
+                    if attr == "lengths"
+                    else TensorType(t.dims, t.dtype)
+                )
                 return self._runtime(span).emit(
-                    f"kvcache.{attr.lower()}", (v,), (TensorType(t.dims, t.dtype),), (), (), span
+                    f"kvcache.{attr.lower()}", (v,), (read,), (), (), span
                 )[0]
             if attr == "append":
                 return OpRef("kvcache.append", v)
+            known = ("K", "V", "lengths", "append")
             raise SemanticError(
-                f"a KVCache has no attribute '{attr}'{did_you_mean(attr, ('K', 'V', 'append'))}",
-                span,
+                f"a KVCache has no attribute '{attr}'{did_you_mean(attr, known)}", span
             )
         raise SemanticError(f"{describe(v)} has no attribute '{attr}'", span)
 
@@ -1127,7 +1142,7 @@ class Evaluator:
                 )
             self.function.check_level(spec, node.span, callee.text)
             updated = adam_on_state(self, spec, args, keywords, node.span, callee.text)
-            self.function.donated[id(state.value)] = node.span
+            self.function.donated[id(state.value)] = (state.value, node.span)
             return updated
         result = self.call_op(spec, args, keywords, node.span, callee.text)
         if isinstance(ref.receiver, ScheduleValue) and isinstance(result, Value):
@@ -1348,6 +1363,8 @@ class Evaluator:
         (written,) = emitter.emit(
             "kvcache.append", operands, (cache.type,), (), ("state",), node.span
         )
+        # its arrays now hold the appended positions: the cache it was is not read again
+        self.function.donated[id(cache)] = (cache, node.span)
         # the lengths grow in a launch of their own, after every program of the append
         # has read them (``tile.kvcache``)
         n = args[0].value.type.dims[2]

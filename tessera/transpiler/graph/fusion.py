@@ -83,6 +83,7 @@ _ANCHORS = {
     "kvcache.append": "state",
     "kvcache.advance": "state",
     "kvcache.visible": "state",
+    "kvcache.lengths": "state",
     "all_reduce": "collective",
     "all_gather": "collective",
     "reduce_scatter": "collective",

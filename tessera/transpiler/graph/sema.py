@@ -318,9 +318,10 @@ class _FunctionAnalyzer:
         #: default (the last axis) gave, for the error at a result declared so
         self.every_axis: list[tuple[tuple[Dim, ...], Span]] = []
         #: the OptimizerState parameters and results, as the function's ``states`` keeps
-        #: them; and the states an update consumed, by id, with the update's span
+        #: them; and the states an update consumed and the caches an append wrote in
+        #: place, by id, with the update's or the append's span
         self.states: list[StateSlot] = []
-        self.donated: dict[int, Span] = {}
+        self.donated: dict[int, tuple[Any, Span]] = {}
 
     # -- calls of the file's other functions -----------------------------------------
 
@@ -1421,6 +1422,8 @@ class _Inlined(_FunctionAnalyzer):
     def __init__(self, caller: _FunctionAnalyzer, node: ast.FunctionDef, span: Span) -> None:
         super().__init__(caller.owner, node)
         self.blocks, self.guards, self.regions = caller.blocks, caller.guards, caller.regions
+        # a cache it appends to, or a state it updates, is the caller's too
+        self.donated = caller.donated
         self.caller = caller
         self.with_attrs, self.param_spans = caller.with_attrs, caller.param_spans
         self.stack = (*caller.stack, node.name)

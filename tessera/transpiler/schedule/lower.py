@@ -54,7 +54,7 @@ TEMPLATES = {
     "rmsnorm_safe": "rmsnorm", "sum": "row_sum", "max": "row_max", "mean": "row_mean",
     "matmul": "gemm", "flash_attention": "flash_attention", "transpose": "transpose",
     "kvcache.append": "kvcache_append", "kvcache.advance": "kvcache_advance",
-    "kvcache.visible": "kvcache_visible",
+    "kvcache.visible": "kvcache_visible", "kvcache.lengths": "kvcache_lengths",
     "all_reduce": "all_reduce",
     "rotary_embedding": "rotary_embedding", "take_along_axis": "take_along_axis",
     "put_along_axis": "put_along_axis", "scatter_add": "scatter_add", "pad": "pad",

@@ -422,6 +422,11 @@ class _Emitter:
         lengths, row = self.name(op.operands[0]), self.c(Dim.sym(op.attr("pid")))
         self.line(f"{lengths}[{row}] += {self.c(op.attr('n'))};")
 
+    def op_kv_lengths(self, op: Op) -> None:
+        out, lengths = (self.name(v) for v in op.operands)
+        row = self.c(Dim.sym(op.attr("pid")))
+        self.line(f"{out}[{row}] = static_cast<std::int32_t>({lengths}[{row}]);")
+
     # -- elementwise ----------------------------------------------------------------------
 
     def _index(self, v: Value, out: tuple[Dim, ...]) -> str:

@@ -807,6 +807,12 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         lengths, row = self.forms[op.operands[0].id].name, self.c(Dim.sym(op.attr("pid")))
         self.line(f"if (lid == 0) {lengths}[{row}] += {self.c(op.attr('n'))};")
 
+    def op_kv_lengths(self, op: Op) -> None:
+        """A batch row's length as i32 (``cache.lengths``), written by one thread."""
+        out, lengths = (self.forms[v.id].name for v in op.operands)
+        row, i32 = self.c(Dim.sym(op.attr("pid"))), self.d.storage["i32"]
+        self.line(f"if (lid == 0) {out}[{row}] = ({i32}){lengths}[{row}];")
+
     def lazy(self, result: Value, element: Element, *operands: Any) -> None:
         """``result`` as an expression of its index, in the distribution of the owned
         values among ``operands``."""

@@ -22,6 +22,7 @@ barriers stand where they are needed. Operations reuse the Graph IR's ``Op``,
 ``kv_slot``          the slot a cache append writes a row into (``tile.kvcache``)
 ``kv_advance``       a cache's length grows by the positions appended
 ``kv_visible``       the keys of its split a query row sees, from a cache's length
+``kv_lengths``       a cache's lengths as i32, a batch row's per program
 ``for`` / ``if``     structured control flow, as in the Graph IR
 """
 
@@ -55,7 +56,7 @@ __all__ = [
 ]
 
 #: The ops that write the tensor that is their first operand.
-STORES = ("store", "kv_advance", "kv_visible")
+STORES = ("store", "kv_advance", "kv_visible", "kv_lengths")
 
 
 @frozen

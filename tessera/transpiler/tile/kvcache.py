@@ -18,6 +18,10 @@ launches, in program order:
                      G*n, 1]``, from the row's length as the launches before it left
                      it (``cexpr.kv_visible``)
 
+``cache.lengths`` is a launch of its own too:
+
+``kvcache.lengths``  one program per batch row: ``out[b] = i32(lengths[b])``
+
 The lengths grow in a launch of their own because every program of the append reads
 them: a program that added to them while another still read them would race. The slot
 is taken modulo the ring whatever the lengths hold, so no store is ever out of bounds;
@@ -52,9 +56,10 @@ def flat_types(t: KVCacheType) -> tuple[TensorType, TensorType, TensorType]:
 def cache_kernel(
     function: Function, op: Op, launch: Launch, name: str, tensors: dict[int, Value]
 ) -> TileKernel:
-    """The kernel of ``op`` (``kvcache.append``, ``kvcache.advance`` or
-    ``kvcache.visible``); ``tensors`` are the kernel parameters of the group's other
-    operands (``k`` and ``v``) and of the result it writes (``seen``), by value id."""
+    """The kernel of ``op`` (``kvcache.append``, ``kvcache.advance``,
+    ``kvcache.visible`` or ``kvcache.lengths``); ``tensors`` are the kernel parameters
+    of the group's other operands (``k`` and ``v``) and of the result it writes
+    (``seen``, the lengths read), by value id."""
     cache, _ = cache_param(function.body.ops, op.operands[0])
     t = cache.type
     assert isinstance(t, KVCacheType) and cache.name is not None
@@ -74,6 +79,12 @@ def cache_kernel(
                  *op.attrs)  # fmt: skip
         body = (Op("kv_visible", (seen, lengths), (), where, ("write",), span=op.span),)
         params = (seen, lengths)
+    elif op.kind == "kvcache.lengths":
+        out = tensors[op.result.id]
+        grid = (GridAxis("pid_m", t.dims[0]),)
+        body = (Op("kv_lengths", (out, lengths), (), (("pid", "pid_m"),), ("write",),
+                   span=op.span),)  # fmt: skip
+        params = (out, lengths)
     elif op.kind == "kvcache.advance":
         grid = (GridAxis("pid_m", t.dims[0]),)
         body = (Op("kv_advance", (lengths,), (), (("pid", "pid_m"), ("n", op.attr("n"))),
@@ -118,7 +129,7 @@ def cache_kernel(
 
 _TEMPLATES = {
     "kvcache.append": "kvcache_append", "kvcache.advance": "kvcache_advance",
-    "kvcache.visible": "kvcache_visible",
+    "kvcache.visible": "kvcache_visible", "kvcache.lengths": "kvcache_lengths",
 }  # fmt: skip
 
 
