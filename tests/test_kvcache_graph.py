@@ -12,6 +12,7 @@ wrap, several times over.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -21,7 +22,9 @@ import tessera
 from tessera.runtime.cpu import WARM_CALLS
 from tessera.runtime.kvcache import KVCache
 
+from .builds import assert_cpu_builds_warning_free, assert_gpu_builds_warning_free
 from .everywhere import every_target_beyond, load_everywhere
+from .test_cpu import COMPILERS
 from .test_cuda import needs_gxx
 
 #: An append of T positions, then another of the same keys and values swapped, so that
@@ -254,3 +257,16 @@ def test_a_cache_read_after_an_append_wrote_it_is_an_error(body: str) -> None:
         "'cache' was appended to at line 4, which writes the cache's arrays in place: use "
         "the cache that append returned"
     ) in error.message, error.message
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_lengths_compile_warning_free_on_the_cpu(compiler: str, tmp_path: Path) -> None:
+    assert_cpu_builds_warning_free(LENGTHS.format(s_max=19), "lengths.tsr", compiler, tmp_path)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(("target", "arch"), [("cuda", "sm_80"), ("hip", "gfx90a")])
+def test_lengths_compile_warning_free_on_the_gpus(target: str, arch: str, tmp_path: Path) -> None:
+    """nvcc and hipcc, every warning an error."""
+    assert_gpu_builds_warning_free(LENGTHS.format(s_max=19), "lengths.tsr", target, arch, tmp_path)
