@@ -85,6 +85,11 @@ CASES: dict[str, Case] = {
     "argmin": ("x.argmin(axis=0)", '"C", i32', lambda x: x.argmin(0), "ties"),
     "argmax_keep": ("argmax(x, axis=0, keepdims=True)", '1, "C", i32',
                     lambda x: x.argmax(0, keepdim=True), "ties"),
+    "norm": ("x.norm(dim=-1, keepdim=True)", '"R", 1, f32',
+             lambda x: torch.linalg.norm(x, dim=-1, keepdim=True), "wide"),
+    "norm_orders": ("norm(x, 1, axis=0) + norm(x, inf, axis=0) + x.norm(p=2, dim=0)", '"C", f32',
+                    lambda x: x.norm(1, 0) + x.abs().amax(0) + x.norm(2, 0), "wide"),
+    "norm_all": ("norm(x)", "f32", torch.linalg.norm, "wide"),
     "zeros_like": ("zeros_like(x) + 1.0", '"R", "C", f32', lambda x: torch.zeros_like(x) + 1,
                    "special"),
     "ones_like": ("ones_like(x, dtype=i32)", '"R", "C", i32',
@@ -299,6 +304,10 @@ BAD = {
         "    return tile.sum(tile.load(x, rows=T.m) > 0.0, axis=1)\n",
         4, "which only tile.where() and tile.cast() read: tile.where(tile.load(x, rows=T.m) "
         "> 0.0, a, b) picks a or b",
+    ),
+    "norm order": (
+        "def f(x: Tensor['N', f32]) -> Tensor[f32]:\n    return norm(x, 3)\n",
+        2, "norm: ord=3 is not a vector norm it computes: 2 (the default), 1 or inf",
     ),
     "argmax of a tuple": (
         "def f(x: Tensor[4, 3, f32]) -> Tensor[f32]:\n    return argmax(x, axis=(0, 1))\n",

@@ -104,7 +104,7 @@ _METHODS = (
     "log_softmax", "logsumexp_safe", "floor", "ceil", "exp2", "log2", "log1p", "expm1", "erf",
     "tan", "clip", "square", "reciprocal", "sign", "isnan", "isinf", "isfinite", "logsumexp",
     "var", "std", "argmax", "argmin", "squeeze", "unsqueeze", "flatten", "broadcast_to", "expand",
-    "tril", "triu", "any", "all", "take", "cumsum",
+    "tril", "triu", "any", "all", "take", "cumsum", "norm",
 )  # fmt: skip
 
 

@@ -1067,6 +1067,42 @@ for _kind, _root in (("var", False), ("std", True)):
     )
 
 
+#: The vector norms ``norm`` takes: numpy's ``ord``, PyTorch's ``p``.
+_NORMS = {None: "two", 2: "two", "fro": "two", 1: "one", math.inf: "inf"}
+
+
+@register("norm", P("x"), P("ord", None), P("axis", None), P("keepdims", False),
+          P("p", None, keyword_only=True))  # fmt: skip
+def _norm(call: OpCall) -> object:
+    """The vector norm over ``axis``, as numpy's ``linalg.norm`` and PyTorch's ``norm``:
+    ``ord`` (PyTorch's ``p``) 2, the default, is ``sqrt(sum(x * x))`` (over every axis
+    without ``axis``: the Frobenius norm of a matrix, as both give), 1 is ``sum(abs(x))``
+    and ``inf`` is ``max(abs(x))``. ``axis`` and ``keepdims`` are ``sum``'s (a tuple of
+    axes reads them as one vector: a matrix norm other than Frobenius's, numpy's
+    ``ord=2`` over two axes, is not computed). The result is f32 (of integers too)."""
+    x = call.tensor("x")
+    if not x.type.dtype.is_float:
+        x = _then(call, "cast", x, F32)
+    given = "p" if call.given("p") else "ord"
+    if call.given("p") and call.given("ord"):
+        raise call.error("give the norm's order once: ord (numpy's name) or p (PyTorch's)",
+                         at="p")  # fmt: skip
+    raw = call.raw(given)
+    order = raw.value if isinstance(raw, Const) else raw
+    order = order if not isinstance(order, float) or not order.is_integer() else int(order)
+    if order not in _NORMS:
+        raise call.error(
+            f"ord={order!r} is not a vector norm it computes: 2 (the default), 1 or inf",
+            at=given,
+        )
+    axis = call.ev("axis") if call.given("axis") else Const(None)
+    keepdims = call.const("keepdims", bool)
+    if _NORMS[order] == "two":
+        return _then(call, "sqrt", _then(call, "sum", _then(call, "mul", x, x), axis, keepdims))
+    size = _then(call, "abs", x)
+    return _then(call, "sum" if _NORMS[order] == "one" else "max", size, axis, keepdims)
+
+
 def _arg_extreme(kind: str) -> Callable[[OpCall], object]:
     """``argmax`` or ``argmin``: of the positions where ``x`` is NaN (numpy's and PyTorch's
     NaN beats every number) or else equals its maximum (minimum), the first. Made of
