@@ -453,7 +453,7 @@ COMPOSITE = {
     "full_like": ("where", "cast"), "logsumexp": ("logsumexp_safe",),
     "var": ("mean", "sub", "mul", "sum", "div", "cast"), "std": ("mean", "sub", "mul", "sum",
     "div", "cast", "sqrt"),
-    "norm": ("mul", "sum", "sqrt", "abs", "max", "cast"),
+    "norm": ("mul", "sum", "sqrt", "abs", "max", "cast", "not_equal", "where"),
     "argmax": ("index_along", "max", "neg", "where", "add", "sub", "cast", "reshape"),
     "argmin": ("index_along", "max", "neg", "where", "add", "sub", "cast", "reshape"),
     "squeeze": ("reshape",), "unsqueeze": ("expand_dims",), "expand_dims": ("expand_dims",),

@@ -250,6 +250,29 @@ def f(x: Tensor["R", "C", f32]) -> Tensor["R", "C", f32]:
     np.testing.assert_allclose(built.f_vjp(x, g), t.grad.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_norm_gradient_against_torch_with_a_zero_row() -> None:
+    """``norm``'s gradient, against autograd and a central difference: a zero row gets
+    0, as PyTorch's (sqrt's infinite slope there would make it NaN)."""
+    source = """\
+@autodiff
+def f(x: Tensor["R", "C", f32]) -> Tensor["R", f32]:
+    return x.norm(dim=-1) + norm(x, 1, axis=-1) * 0.5
+"""
+    built = tessera.compile(source, filename="norm.tsr", target="cpu").load()
+    rng = np.random.default_rng(8)
+    x, g = rng.standard_normal((R, C)).astype(np.float32), rng.standard_normal(R).astype(np.float32)
+    x[3] = 0.0
+    t = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    (torch.linalg.norm(t, dim=-1) + t.abs().sum(-1) * 0.5).backward(torch.tensor(g).double())
+    have = built.f_vjp(x, g)
+    np.testing.assert_allclose(have, t.grad.numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.isnan(have).any() and np.all(have[3] == g[3] * 0.5 * np.sign(0.0))
+    step = np.zeros_like(x)
+    step[5, 7] = 1e-2
+    slope = (built.f(x + step) - built.f(x - step)).astype(np.float64) @ g / 2e-2
+    np.testing.assert_allclose(slope, have[5, 7], rtol=2e-2)
+
+
 def test_argmax_of_nan() -> None:
     """NaN is the largest value for ``argmax`` and the smallest for ``argmin``... as numpy and
     PyTorch have it: the first NaN of a row is both its argmax and its argmin."""

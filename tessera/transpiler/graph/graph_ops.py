@@ -1079,7 +1079,8 @@ def _norm(call: OpCall) -> object:
     without ``axis``: the Frobenius norm of a matrix, as both give), 1 is ``sum(abs(x))``
     and ``inf`` is ``max(abs(x))``. ``axis`` and ``keepdims`` are ``sum``'s (a tuple of
     axes reads them as one vector: a matrix norm other than Frobenius's, numpy's
-    ``ord=2`` over two axes, is not computed). The result is f32 (of integers too)."""
+    ``ord=2`` over two axes, is not computed). The result is f32 (of integers too). The
+    gradient of the 2-norm of a zero vector is 0, as PyTorch's."""
     x = call.tensor("x")
     if not x.type.dtype.is_float:
         x = _then(call, "cast", x, F32)
@@ -1098,7 +1099,12 @@ def _norm(call: OpCall) -> object:
     axis = call.ev("axis") if call.given("axis") else Const(None)
     keepdims = call.const("keepdims", bool)
     if _NORMS[order] == "two":
-        return _then(call, "sqrt", _then(call, "sum", _then(call, "mul", x, x), axis, keepdims))
+        # sqrt's slope at 0 is infinite: a zero vector's gradient is 0, as PyTorch's, by
+        # taking the root of 1 there (a NaN sum is not 0, and stays NaN)
+        squares = _then(call, "sum", _then(call, "mul", x, x), axis, keepdims)
+        nonzero = _then(call, "not_equal", squares, 0.0)
+        root = _then(call, "sqrt", _then(call, "where", nonzero, squares, 1.0))
+        return _then(call, "where", nonzero, root, 0.0)
     size = _then(call, "abs", x)
     return _then(call, "sum" if _NORMS[order] == "one" else "max", size, axis, keepdims)
 
