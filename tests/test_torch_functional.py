@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+import tessera
+
 from .everywhere import built_everywhere
 from .test_autodiff import assert_one_error
 
@@ -182,15 +184,27 @@ def test_gradients_through_linear_and_layer_norm_are_pytorchs(built: Any) -> Non
         np.testing.assert_allclose(have, param.grad.numpy(), rtol=1e-4, atol=1e-6)
 
 
-def test_linear_reads_the_weight_where_it_lies(built: Any) -> None:
+def test_linear_reads_the_weight_where_it_lies() -> None:
     """``linear(x, w, b)`` is the product with the weight read transposed in place, and
     the bias added in its epilogue: one kernel, no copy of the weight."""
-    import tessera
-
     text = str(tessera.compile(SOURCE, "functional.tsr", target="cpu").inspect_ir("graph"))
     body = text[text.index("func @projected") : text.index("func @two_layers")]
     assert body.count("kernel ") == 1 and "trans_b = true" in body, body
     assert "transpose" not in body, body
+
+
+def test_a_normalized_shape_against_a_symbolic_size_is_checked_at_the_call() -> None:
+    """``layer_norm(x, 8)`` of ``x [N, D]``: ``D`` is 8 or the call is refused before
+    any kernel runs."""
+    source = 'def f(x: Tensor["N", "D", f32]) -> Tensor["N", "D", f32]:\n' + (
+        "    return layer_norm(x, 8)\n"
+    )
+    lib: Any = tessera.compile(source, "guarded.tsr", target="cpu").load()
+    x = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+    want = F.layer_norm(torch.tensor(x, dtype=torch.float64), (8,)).numpy()
+    np.testing.assert_allclose(lib.f(x), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        lib.f(np.ones((3, 9), np.float32))
 
 
 def _bad(signature: str, body: str) -> str:
