@@ -474,6 +474,11 @@ COMPOSITE = {
                "matmul"),
     "any": ("not_equal", "cast", "max", "greater"), "all": ("not_equal", "cast", "neg", "max",
     "greater"),
+    "linear": ("transpose", "matmul", "add"), "bmm": ("matmul",),
+    "scaled_dot_product_attention": ("flash_attention", "reshape"),
+    "layer_norm": ("layernorm",), "rms_norm": ("rmsnorm",),
+    "normalize": ("mul", "sum", "sqrt", "abs", "pow", "maximum", "div"),
+    "mse_loss": ("sub", "mul", "mean", "sum"),
 }  # fmt: skip
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.

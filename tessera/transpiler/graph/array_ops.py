@@ -25,7 +25,7 @@ from .opcall import OpCall, P
 from .types import ScalarType, TensorType, dims_text
 from .values import Const, DimValue, ShapeValue, describe
 
-__all__ = ["indices_of", "shape_argument", "MASK_READERS"]
+__all__ = ["indices_of", "shape_argument", "reduction_argument", "MASK_READERS"]
 
 _ONE = Dim.const(1)
 
@@ -665,6 +665,17 @@ def _embedding(call: OpCall) -> object:
 _REDUCTIONS = ("mean", "sum", "none")
 
 
+def reduction_argument(call: OpCall) -> str:
+    """A loss's ``reduction``, as PyTorch's losses take it: "mean", "sum" or "none"."""
+    reduction = call.const("reduction", str)
+    if reduction not in _REDUCTIONS:
+        raise call.error(
+            f"reduction is one of {', '.join(map(repr, _REDUCTIONS))}, not {reduction!r}",
+            at="reduction",
+        )
+    return reduction
+
+
 @register(
     "cross_entropy", P("input"), P("target"), P("ignore_index", -100, keyword_only=True),
     P("reduction", "mean", keyword_only=True), P("label_smoothing", 0.0, keyword_only=True),
@@ -700,12 +711,7 @@ def _cross_entropy(call: OpCall) -> object:
         lambda: f"one label per row: {call.shape_of('input')}, {call.shape_of('target')}",
         "cross_entropy rows", ("input", "target"),
     )  # fmt: skip
-    reduction = call.const("reduction", str)
-    if reduction not in _REDUCTIONS:
-        raise call.error(
-            f"reduction is one of {', '.join(map(repr, _REDUCTIONS))}, not {reduction!r}",
-            at="reduction",
-        )
+    reduction = reduction_argument(call)
     ignored = call.const("ignore_index", int)
     smoothing = call.number("label_smoothing")
     if not 0.0 <= smoothing <= 1.0:

@@ -1839,3 +1839,4 @@ def _shape_arg(call: OpCall, name: str) -> tuple[Dim | None, ...]:
 
 from . import array_ops as _array_ops  # noqa: E402,F401  (registers shapes, fills, joins)
 from . import collectives as _collectives  # noqa: E402,F401  (registers the collectives)
+from . import functional as _functional  # noqa: E402,F401  (registers PyTorch's F names)

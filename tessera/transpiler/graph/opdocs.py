@@ -62,6 +62,14 @@ unless it is returned. `concat` and `stack` take a list or tuple of tensors
 `keepdim=` for `keepdims=`, as PyTorch's own functions take numpy's names too:
 `x.sum(dim=-1, keepdim=True)`. `pow(a, b)` and numpy's `power(a, b)` are `a ** b`.
 
+PyTorch's `torch.nn.functional` names are builtins with PyTorch's signatures and layouts,
+`F.` left off: `linear(x, weight, bias)` (the weight `[out_features, in_features]`, read
+in place), `bmm`, `scaled_dot_product_attention` (`flash_attention`), `layer_norm` and
+`rms_norm` (over the last dim, `normalized_shape` naming it), `normalize`, `mse_loss`,
+`cross_entropy`, `embedding`, `softmax(x, dim=-1)`, `log_softmax`, `relu`, `silu`,
+`softplus`, `leaky_relu`, `elu` and `gelu` (whose default is the tanh approximation:
+PyTorch's `approximate="none"` is the exact one).
+
 Shapes are written with symbolic dims: `[M, K]`. When two dims must be equal and are
 different names, or different numbers, it is an error; when one is a name and the other a
 number, the compiler records a guard that the generated host code checks at run time.

@@ -1,0 +1,271 @@
+"""PyTorch's ``torch.nn.functional`` names, with PyTorch's signatures: ``linear``,
+``bmm``, ``scaled_dot_product_attention``, ``layer_norm``, ``rms_norm``, ``mse_loss``
+and ``normalize``.
+
+Model code ported from PyTorch calls these (``F.linear(x, w, b)`` written ``linear(x,
+w, b)``, as every op here is a builtin). Each is a composition, as ``array_ops``' are:
+its rule checks the call with PyTorch's argument names and layouts, then emits the ops
+that Tessera has (``x @ w.T``, ``flash_attention``, ``layernorm``, ``rmsnorm``, the
+reductions) through their own rules, so that fusion, every backend and autodiff treat
+it as those ops written out.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .array_ops import reduction_argument, shape_argument
+from .dtypes import DType
+from .graph_ops import _float_input, _then, register
+from .ir import Value
+from .opcall import OpCall, P
+from .types import dims_text
+from .values import Const, Ev
+
+__all__: list[str] = []
+
+
+def _passed(call: OpCall, name: str) -> Ev | Const:
+    """The argument as the user wrote it, so that its span and text go on to the op it
+    becomes; the parameter's default where it was left out."""
+    return call.ev(name) if call.given(name) else call.raw(name)
+
+
+def _absent(call: OpCall, name: str) -> bool:
+    """The argument was left out, or passed as ``None``."""
+    return call.raw(name) == Const(None)
+
+
+def _product(call: OpCall, a: str, other: str, b: Value) -> Value:
+    """``a @ b`` by the product's rule, ``b`` being the argument ``other`` or its view,
+    once the caller has checked the shapes; the dtypes are checked here, so that the
+    error names the arguments as the user wrote them."""
+    x = call.tensor(a)
+    if x.type.dtype != b.type.dtype:
+        raise call.error(
+            f"{call.ev(a).text} is {x.type.dtype}, {call.ev(other).text} is {b.type.dtype}: "
+            f"one dtype for both, e.g. cast({call.ev(other).text}, {x.type.dtype})",
+            at=other,
+        )
+    return _then(call, "matmul", call.ev(a), b)
+
+
+# ----------------------------------------------------------------------- products
+
+
+@register("linear", P("input"), P("weight"), P("bias", None))
+def _linear(call: OpCall) -> object:
+    """PyTorch's ``torch.nn.functional.linear``: ``input @ weight.T + bias``, the weight in
+    PyTorch's ``[out_features, in_features]`` layout and ``bias`` (optional) ``[out_features]``.
+    ``input`` is ``[..., in_features]`` (leading batch dims, or one vector), the result
+    ``[..., out_features]``. The product reads the weight where it lies, with no transposed
+    copy (as ``a @ b.T`` does), and the bias is added in the product's epilogue. The result
+    has ``@``'s dtype, the accumulation dtype (f32 of bf16 or f16 operands, where
+    PyTorch's keeps theirs: cast it where the next product wants bf16). Its gradient is
+    the product's and the sum's."""
+    x = _float_input(call, "input")
+    if x.type.rank < 1:
+        raise call.error(f"'input' needs at least 1 dim; {call.shape_of('input')}", at="input")
+    weight = call.tensor("weight")
+    if weight.type.rank != 2:
+        raise call.error(
+            f"'weight' must be [out_features, in_features], as PyTorch's; "
+            f"{call.shape_of('weight')}",
+            at="weight",
+        )
+    out_features, in_features = weight.type.dims
+    call.same_dim(
+        x.type.dims[-1], in_features,
+        lambda: f"in_features differ: {call.shape_of('input')}, {call.shape_of('weight')} "
+        "(PyTorch's layout: weight is [out_features, in_features])",
+        f"in_features {x.type.dims[-1]} == {in_features}", ("input", "weight"),
+    )  # fmt: skip
+    if not _absent(call, "bias"):
+        b = call.tensor("bias")
+        if b.type.rank != 1:
+            raise call.error(
+                f"'bias' must be [out_features] = [{out_features}]; {call.shape_of('bias')}",
+                at="bias", notes=call.notes_for("bias"),
+            )  # fmt: skip
+        call.same_dim(
+            b.type.dims[0], out_features,
+            lambda: f"'bias' must be [out_features] = [{out_features}]; "
+            f"{call.shape_of('bias')}",
+            f"bias size {b.type.dims[0]} == out_features {out_features}", ("weight", "bias"),
+        )  # fmt: skip
+    y = _product(call, "input", "weight", _then(call, "transpose", call.ev("weight")))
+    return y if _absent(call, "bias") else _then(call, "add", y, call.ev("bias"))
+
+
+@register("bmm", P("input"), P("mat2"))
+def _bmm(call: OpCall) -> object:
+    """PyTorch's ``torch.bmm``: the batched product ``[B, M, K] @ [B, K, N] -> [B, M, N]``,
+    of two 3-d tensors with one batch size (no broadcasting, as PyTorch's); ``input @
+    mat2`` where those hold. Its dtype and gradient are ``@``'s."""
+    a, b = call.tensor("input"), call.tensor("mat2")
+    for name, value in (("input", a), ("mat2", b)):
+        if value.type.rank != 3:
+            raise call.error(
+                f"'{name}' must be a 3-d tensor [B, M, K], as PyTorch's; {call.shape_of(name)}"
+                " (a product of other ranks is a @ b, which broadcasts batch dims)",
+                at=name,
+            )
+    (batch, _, inner), (batch2, inner2, _) = a.type.dims, b.type.dims
+    call.same_dim(
+        batch, batch2,
+        lambda: f"batch sizes differ: {call.shape_of('input')}, {call.shape_of('mat2')}",
+        "bmm batch", ("input", "mat2"),
+    )  # fmt: skip
+    call.same_dim(
+        inner, inner2,
+        lambda: f"inner dimensions differ: {call.shape_of('input')}, {call.shape_of('mat2')}",
+        f"inner dimension {inner} == {inner2}", ("input", "mat2"),
+    )  # fmt: skip
+    return _product(call, "input", "mat2", b)
+
+
+# ---------------------------------------------------------------------- attention
+
+
+@register(
+    "scaled_dot_product_attention", P("query"), P("key"), P("value"), P("attn_mask", None),
+    P("dropout_p", 0.0), P("is_causal", False), P("scale", None, keyword_only=True),
+    P("enable_gqa", False, keyword_only=True),
+)  # fmt: skip
+def _scaled_dot_product_attention(call: OpCall) -> object:
+    """PyTorch's ``torch.nn.functional.scaled_dot_product_attention``, in its layout
+    ``[..., S, D]``: ``flash_attention(query, key, value, causal=is_causal,
+    dropout=dropout_p, scale=scale)``, with that op's checks, kernels and gradient.
+    ``is_causal`` aligns the mask at the top-left corner, as PyTorch's; ``scale``
+    defaults to ``1/sqrt(D)``. Keys and values with fewer heads than the queries are
+    grouped-query attention with or without ``enable_gqa`` (PyTorch's needs it True).
+    ``attn_mask`` is not taken: a causal mask is ``is_causal=True``, and another is
+    written out, ``softmax(where(mask, q @ k.transpose(-2, -1) * scale, -inf), dim=-1) @
+    v`` (``+ mask`` for an additive one). Dropout draws from Tessera's generator, not
+    PyTorch's."""
+    if not _absent(call, "attn_mask"):
+        raise call.error(
+            "attn_mask is not taken; for a causal mask pass is_causal=True, for another "
+            "write the attention out: softmax(where(mask, q @ k.transpose(-2, -1) * scale, "
+            "-inf), dim=-1) @ v, or softmax(q @ k.transpose(-2, -1) * scale + mask, dim=-1) @ "
+            "v for an additive mask",
+            at="attn_mask",
+        )
+    call.const("enable_gqa", bool)  # checked, and nothing to do: groups are found anyway
+    return _then(
+        call, "flash_attention", call.ev("query"), call.ev("key"), call.ev("value"),
+        causal=_passed(call, "is_causal"), dropout=_passed(call, "dropout_p"),
+        scale=_passed(call, "scale"),
+    )  # fmt: skip
+
+
+# ---------------------------------------------------------------- normalisations
+
+
+def _normalized_last(call: OpCall, x: Value) -> None:
+    """``normalized_shape`` names ``x``'s last dim and no other: Tessera's norms reduce
+    one axis, so a shape of more dims is refused with what to write instead."""
+    if x.type.rank < 1:
+        raise call.error(f"'input' needs at least 1 dim; {call.shape_of('input')}", at="input")
+    dims = shape_argument(call, "normalized_shape")
+    if len(dims) != 1:
+        raise call.error(
+            f"normalized_shape {dims_text(dims)} names {len(dims)} dims; only the last dim is "
+            f"normalised here: reshape {call.ev('input').text} to merge them into one "
+            "(and the weight too), or pass x.shape[-1:]",
+            at="normalized_shape",
+        )
+    last = x.type.dims[-1]
+    call.same_dim(
+        dims[0], last,
+        lambda: f"normalized_shape {dims_text(dims)} is not the last dim of "
+        f"{call.shape_of('input')}",
+        f"normalized_shape {dims[0]} == {last}", ("input",),
+    )  # fmt: skip
+
+
+def _machine_eps(dtype: DType) -> float:
+    """``torch.finfo(dtype).eps``: the distance from 1.0 to the next float of ``dtype``,
+    ``2**-mantissa`` (f32: 1.19e-7, bf16: 0.0078, f16: 0.00098)."""
+    return 2.0**-dtype.mantissa
+
+
+@register(
+    "layer_norm", P("input"), P("normalized_shape"), P("weight", None), P("bias", None),
+    P("eps", 1e-5),
+)  # fmt: skip
+def _layer_norm(call: OpCall) -> object:
+    """PyTorch's ``torch.nn.functional.layer_norm``: ``layernorm(input, weight, bias,
+    eps=eps)``, over the last dim, which ``normalized_shape`` must name: an integer, a
+    size, a tuple of one (``(D,)``), or ``x.shape[-1:]``. A shape of more dims is
+    refused (reshape to merge them). ``weight`` and ``bias`` are ``[D]``. Its gradient
+    is ``layernorm``'s."""
+    x = _float_input(call, "input")
+    _normalized_last(call, x)
+    return _then(
+        call, "layernorm", call.ev("input"), _passed(call, "weight"), _passed(call, "bias"),
+        eps=_passed(call, "eps"),
+    )  # fmt: skip
+
+
+@register("rms_norm", P("input"), P("normalized_shape"), P("weight", None), P("eps", None))
+def _rms_norm(call: OpCall) -> object:
+    """PyTorch's ``torch.nn.functional.rms_norm``: ``rmsnorm(input, weight, eps=eps)``,
+    ``x / sqrt(mean(x**2) + eps) * weight`` over the last dim, which ``normalized_shape``
+    names as ``layer_norm``'s does. ``eps`` defaults to PyTorch's, the machine epsilon
+    of the input's dtype (``torch.finfo(dtype).eps``: 1.19e-7 for f32, 0.0078 for bf16,
+    0.00098 for f16), not ``rmsnorm``'s 1e-6. Its gradient is ``rmsnorm``'s."""
+    x = _float_input(call, "input")
+    _normalized_last(call, x)
+    eps = Const(_machine_eps(x.type.dtype)) if _absent(call, "eps") else call.ev("eps")
+    return _then(call, "rmsnorm", call.ev("input"), _passed(call, "weight"), eps=eps)
+
+
+@register("normalize", P("input"), P("p", 2.0), P("dim", 1), P("eps", 1e-12))
+def _normalize(call: OpCall) -> object:
+    """PyTorch's ``torch.nn.functional.normalize``: ``input`` divided by its ``p``-norm
+    along ``dim``, ``x / max(sum(abs(x)**p, dim)**(1/p), eps)``; ``p`` is a positive
+    number, 2 by default, and ``dim`` is 1 by default, as PyTorch's (write ``dim=-1``
+    for the last axis). Float inputs; same shape and dtype. Its gradient is that of the
+    ops it is made of."""
+    x = _float_input(call, "input")
+    dim = call.axis("dim", x.type.rank)
+    p = call.number("p")
+    if not 0 < p < math.inf:
+        raise call.error(f"p must be a positive number, not {p}", at="p")
+    eps = call.number("eps")
+    if p == 2.0:
+        total = _then(call, "sum", _then(call, "mul", x, x), dim, True)
+        norm = _then(call, "sqrt", total)
+    else:
+        total = _then(call, "sum", _then(call, "pow", _then(call, "abs", x), p), dim, True)
+        norm = _then(call, "pow", total, 1.0 / p)
+    return _then(call, "div", x, _then(call, "maximum", norm, eps))
+
+
+# ----------------------------------------------------------------------- losses
+
+
+@register("mse_loss", P("input"), P("target"), P("reduction", "mean", keyword_only=True))
+def _mse_loss(call: OpCall) -> object:
+    """PyTorch's ``torch.nn.functional.mse_loss``: the squared differences ``(input -
+    target)**2`` of two float tensors of one shape (PyTorch's broadcasts two others, with
+    a warning; here that is an error), their mean over every element (the default, a 0-d
+    f32 tensor), their ``"sum"``, or ``"none"`` (each one, of the inputs' shape). Its
+    gradient is the ops'."""
+    x, target = _float_input(call, "input"), _float_input(call, "target")
+
+    def mismatch() -> str:
+        return (f"input and target must have one shape: {call.shape_of('input')}, "
+                f"{call.shape_of('target')}")  # fmt: skip
+
+    if x.type.rank != target.type.rank:
+        raise call.error(mismatch(), at="target")
+    for axis, (a, b) in enumerate(zip(x.type.dims, target.type.dims, strict=True)):
+        call.same_dim(a, b, mismatch, f"mse_loss dim {axis}", ("input", "target"))
+    reduction = reduction_argument(call)
+    difference = _then(call, "sub", call.ev("input"), call.ev("target"))
+    squares = _then(call, "mul", difference, difference)
+    if reduction == "none":
+        return squares
+    return _then(call, reduction, squares, None)
