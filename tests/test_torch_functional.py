@@ -207,6 +207,24 @@ def test_a_normalized_shape_against_a_symbolic_size_is_checked_at_the_call() -> 
         lib.f(np.ones((3, 9), np.float32))
 
 
+def test_normalize_of_a_zero_row_has_torch_gradient() -> None:
+    """The 2-norm of a zero row is below ``eps``, so its gradient is ``g / eps`` through
+    the division alone, as PyTorch's: none flows through the norm's square root, whose
+    slope at 0 is infinite (NaN before)."""
+    source = (
+        "@autodiff\n"
+        'def f(x: Tensor["N", "D", f32]) -> Tensor["N", "D", f32]:\n'
+        "    return normalize(x, dim=-1, eps=1e-3)\n"
+    )
+    lib: Any = tessera.compile(source, "normalize.tsr", target="cpu").load()
+    rng = np.random.default_rng(6)
+    x, g = (rng.standard_normal((5, 7)).astype(np.float32) for _ in range(2))
+    x[2] = 0.0
+    t = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    F.normalize(t, dim=-1, eps=1e-3).backward(torch.tensor(g, dtype=torch.float64))
+    np.testing.assert_allclose(lib.f_vjp(x, g), t.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def _bad(signature: str, body: str) -> str:
     return f"def f({signature}):\n    return {body}\n"
 

@@ -234,9 +234,8 @@ def _normalize(call: OpCall) -> object:
     if not 0 < p < math.inf:
         raise call.error(f"p must be a positive number, not {p}", at="p")
     eps = call.number("eps")
-    if p == 2.0:
-        total = _then(call, "sum", _then(call, "mul", x, x), dim, True)
-        norm = _then(call, "sqrt", total)
+    if p == 2.0:  # ``norm``'s, whose gradient at a zero vector is 0, as PyTorch's
+        norm = _then(call, "norm", x, None, dim, True)
     else:
         total = _then(call, "sum", _then(call, "pow", _then(call, "abs", x), p), dim, True)
         norm = _then(call, "pow", total, 1.0 / p)
