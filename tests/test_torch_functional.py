@@ -207,6 +207,42 @@ def test_a_normalized_shape_against_a_symbolic_size_is_checked_at_the_call() -> 
         lib.f(np.ones((3, 9), np.float32))
 
 
+def test_linear_and_bmm_keep_their_inputs_dtype_as_torch() -> None:
+    """bf16 in, bf16 out, as PyTorch's: the sums are f32, rounded once after the bias,
+    so that a chain of layers needs no cast; to a bf16 rounding of torch's (the f32
+    sums may be taken in another order)."""
+    import ml_dtypes
+
+    source = """\
+def layers(x: Tensor["N", 16, bf16], w1: Tensor[32, 16, bf16], b1: Tensor[32, bf16],
+           w2: Tensor[8, 32, bf16]) -> Tensor["N", 8, bf16]:
+    return linear(relu(linear(x, w1, b1)), w2)
+
+def batched(a: Tensor[3, "M", 16, bf16], b: Tensor[3, 16, 5, bf16]) -> Tensor[3, "M", 5, bf16]:
+    return bmm(a, b)
+"""
+    lib: Any = tessera.compile(source, "bf16.tsr", target="cpu").load()
+    rng = np.random.default_rng(7)
+
+    def bf16(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(ml_dtypes.bfloat16)
+
+    def torch_of(a: np.ndarray) -> torch.Tensor:
+        return torch.tensor(a.astype(np.float32)).bfloat16()
+
+    x, w1, b1, w2 = bf16(9, 16), bf16(32, 16), bf16(32), bf16(8, 32)
+    got = lib.layers(x, w1, b1, w2)
+    want = F.linear(F.relu(F.linear(torch_of(x), torch_of(w1), torch_of(b1))), torch_of(w2))
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(got.astype(np.float32), want.float().numpy(), rtol=8e-3, atol=1e-2)
+    a, b = bf16(3, 7, 16), bf16(3, 16, 5)
+    got = lib.batched(a, b)
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_allclose(got.astype(np.float32),
+                               torch.bmm(torch_of(a), torch_of(b)).float().numpy(),
+                               rtol=8e-3, atol=1e-2)  # fmt: skip
+
+
 def test_normalize_of_a_zero_row_has_torch_gradient() -> None:
     """The 2-norm of a zero row is below ``eps``, so its gradient is ``g / eps`` through
     the division alone, as PyTorch's: none flows through the norm's square root, whose

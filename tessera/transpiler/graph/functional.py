@@ -60,9 +60,9 @@ def _linear(call: OpCall) -> object:
     ``input`` is ``[..., in_features]`` (leading batch dims, or one vector), the result
     ``[..., out_features]``. The product reads the weight where it lies, with no transposed
     copy (as ``a @ b.T`` does), and the bias is added in the product's epilogue. The result
-    has ``@``'s dtype, the accumulation dtype (f32 of bf16 or f16 operands, where
-    PyTorch's keeps theirs: cast it where the next product wants bf16). Its gradient is
-    the product's and the sum's."""
+    has the input's dtype, as PyTorch's: a bf16 or f16 product is summed in f32 and
+    rounded once, after the bias (``@`` itself gives the f32 sum). Its gradient is the
+    product's and the sum's."""
     x = _float_input(call, "input")
     if x.type.rank < 1:
         raise call.error(f"'input' needs at least 1 dim; {call.shape_of('input')}", at="input")
@@ -94,14 +94,23 @@ def _linear(call: OpCall) -> object:
             f"bias size {b.type.dims[0]} == out_features {out_features}", ("weight", "bias"),
         )  # fmt: skip
     y = _product(call, "input", "weight", _then(call, "transpose", call.ev("weight")))
-    return y if _absent(call, "bias") else _then(call, "add", y, call.ev("bias"))
+    y = y if _absent(call, "bias") else _then(call, "add", y, call.ev("bias"))
+    return _as_input(call, x, y)
+
+
+def _as_input(call: OpCall, x: Value, y: Value) -> Value:
+    """The product ``y`` in its input's dtype, as PyTorch's ``linear`` and ``bmm`` give
+    it: summed (and its bias added) in the accumulation dtype, rounded once to bf16 or
+    f16, so that ``linear(linear(x, w1), w2)`` chains in bf16 as it does in PyTorch."""
+    return y if y.type.dtype == x.type.dtype else _then(call, "cast", y, x.type.dtype)
 
 
 @register("bmm", P("input"), P("mat2"))
 def _bmm(call: OpCall) -> object:
     """PyTorch's ``torch.bmm``: the batched product ``[B, M, K] @ [B, K, N] -> [B, M, N]``,
     of two 3-d tensors with one batch size (no broadcasting, as PyTorch's); ``input @
-    mat2`` where those hold. Its dtype and gradient are ``@``'s."""
+    mat2`` where those hold, in the inputs' dtype as ``linear``'s result. Its gradient is
+    ``@``'s."""
     a, b = call.tensor("input"), call.tensor("mat2")
     for name, value in (("input", a), ("mat2", b)):
         if value.type.rank != 3:
@@ -121,7 +130,7 @@ def _bmm(call: OpCall) -> object:
         lambda: f"inner dimensions differ: {call.shape_of('input')}, {call.shape_of('mat2')}",
         f"inner dimension {inner} == {inner2}", ("input", "mat2"),
     )  # fmt: skip
-    return _product(call, "input", "mat2", b)
+    return _as_input(call, a, _product(call, "input", "mat2", b))
 
 
 # ---------------------------------------------------------------------- attention
