@@ -4,8 +4,7 @@
 // - quantize_weights k0: elementwise elements=8192, 1 warp, 1 stage (the heuristics)
 // - quantize_weights k1: elementwise rows=4, 1 warp, 1 stage (the heuristics)
 // - w8a16 k0: tile_kernel T.m=256 T.n=256 T.k=512, 1 warp, 1 stage (the heuristics)
-// - linear_per_group k0: elementwise rows=4, 1 warp, 1 stage (the heuristics)
-// - linear_per_group k1: gemm BM=256 BN=256 BK=512, 1 warp, 1 stage (the heuristics)
+// - linear_per_group k0: gemm_dequant_grouped T.m=256 T.n=256, 1 warp, 1 stage (the heuristics)
 // - quantize_i4 k0: elementwise rows=4, 1 warp, 1 stage (the heuristics)
 // - quantize_i4 k1: elementwise rows=4, 1 warp, 1 stage (the heuristics)
 // - w4a16 k0: tile_kernel T.m=256 T.n=256, 1 warp, 1 stage (the heuristics)
@@ -1079,63 +1078,45 @@ static void w8a16_launch(const tsr::bf16* x, const std::int8_t* w, const float* 
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       w8a16_program(x, w, scale, out, M, K, N, pid_n, pid_m);
 }
-// ---- linear_per_group_k0: one program instance (launch k0 of linear_per_group: the library's
-//   elementwise)
+// ---- linear_per_group: one program instance (launch k0 of linear_per_group: the tile kernel
+//   gemm_dequant_grouped)
 
-static void linear_per_group_k0_program(const std::int8_t* w, const float* scale, tsr::bf16* t4,
-    const tsr::i64 N, const tsr::i64 pid_m, const tsr::i64 pid_b0) {
-  constexpr tsr::i64 BM = 4;
-  float* const area = tsr::scratch(tsr::whole_lines(BM*N) + tsr::whole_lines(BM*N));
-  float* const w_tile = area;
-  float* const t4_tile = w_tile + tsr::whole_lines(BM*N);
-  // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
-  tsr::load_tile(w_tile, BM, N, w + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N);
-  const float* const scale_tile = scale + (pid_b0) * (N) + (0) * N;
-  for (tsr::i64 i = 0; i < BM; ++i) {
-    #pragma omp simd
-    for (tsr::i64 j = 0; j < N; ++j) {
-      t4_tile[i * N + j] = tsr::round_bf16(((w_tile[i * N + j]) * scale_tile[j]));
-    }
-  }
-  tsr::store_tile(t4 + (pid_b0) * (32*N), N, BM*pid_m, 0, 32, N, t4_tile, BM, N);
-}
-
-static void linear_per_group_k0_launch(const std::int8_t* w, const float* scale, tsr::bf16* t4,
-    const tsr::i64 K, const tsr::i64 N) {
-  constexpr tsr::i64 BM = 4;
-  const tsr::i64 pid_m_count = tsr::ceil_div(32, BM);
-  const tsr::i64 pid_b0_count = (K)/32;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
-  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
-      linear_per_group_k0_program(w, scale, t4, N, pid_m, pid_b0);
-}
-// ---- linear_per_group_k1: one program instance (launch k1 of linear_per_group: the library's
-//   gemm)
-
-static void linear_per_group_k1_program(const tsr::bf16* t4, const tsr::bf16* x, float* out,
-    const tsr::i64 K, const tsr::i64 N, const tsr::i64 M, const tsr::i64 pid_n,
+static void linear_per_group_program(const tsr::bf16* x, const std::int8_t* w, const float* scale,
+    float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N, const tsr::i64 pid_n,
     const tsr::i64 pid_m) {
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
-  constexpr tsr::i64 BK = 512;
-  float* const area = tsr::scratch(BM*BN);
-  float* const acc = area;
-  // gemm.tsr:12: acc = tile.zeros((T.m, T.n), f32)
+  float* const area = tsr::scratch(32*BM + BM*BN + 32*BN + BN + 32*BN);
+  float* const operand_smem = area;
+  float* const acc = operand_smem + 32*BM;
+  float* const w_tile = acc + BM*BN;
+  float* const scale_tile = w_tile + 32*BN;
+  float* const b = scale_tile + BN;
+  // gemm_dequant_grouped.tsr:20: acc = tile.zeros((T.m, T.n), f32)
   tsr::zero_corner(acc, BN, tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n));
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-  for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, BK); ++kb) {
-    // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-    // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-    tsr::mma_bf16(acc, x, K, BM*pid_m, BK*kb, M, K, t4, N, BK*kb, BN*pid_n, K, N, acc, BM, BN,
-        tsr::live(BM, M - BM*pid_m), tsr::live(BN, N - BN*pid_n), tsr::live(BK, K - BK*kb));
+  // gemm_dequant_grouped.tsr:21: for kb in tile.range_n(a.shape[-1], group):
+  for (tsr::i64 kb = 0; kb < tsr::ceil_div(K, 32); ++kb) {
+    // gemm_dequant_grouped.tsr:22: w = tile.cast(tile.load(q, kb, cols=T.n), f32)
+    tsr::load_tile(w_tile, 32, BN, w, N, 32*kb, BN*pid_n, K, N);
+    // gemm_dequant_grouped.tsr:25: b = tile.cast(tile.load(scale, kb, cols=T.n) * w, a.dtype)
+    tsr::load_tile(scale_tile, 1, BN, scale, N, kb, BN*pid_n, (K)/32, N);
+    for (tsr::i64 i = 0; i < 32; ++i) {
+      #pragma omp simd
+      for (tsr::i64 j = 0; j < BN; ++j) {
+        b[i * BN + j] = tsr::round_bf16((scale_tile[j] * (w_tile[i * BN + j])));
+      }
+    }
+    // gemm_dequant_grouped.tsr:26: acc += tile.dot(tile.load(a, rows=T.m, cols=kb), b)
+    tsr::load_corner(operand_smem, BM, 32, x, K, BM*pid_m, 32*kb, M, K);
+    float* const operand = operand_smem;
+    tsr::mma(acc, operand, b, acc, BM, BN, 32, tsr::live(BM, M - BM*pid_m),
+        tsr::live(BN, N - BN*pid_n), tsr::live(32, K - 32*kb));
   }
   tsr::store_tile(out, N, BM*pid_m, BN*pid_n, M, N, acc, BM, BN);
 }
 
-static void linear_per_group_k1_launch(const tsr::bf16* t4, const tsr::bf16* x, float* out,
-    const tsr::i64 K, const tsr::i64 N, const tsr::i64 M) {
+static void linear_per_group_launch(const tsr::bf16* x, const std::int8_t* w, const float* scale,
+    float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
   constexpr tsr::i64 BM = 256;
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
@@ -1143,7 +1124,7 @@ static void linear_per_group_k1_launch(const tsr::bf16* t4, const tsr::bf16* x, 
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
-      linear_per_group_k1_program(t4, x, out, K, N, M, pid_n, pid_m);
+      linear_per_group_program(x, w, scale, out, M, K, N, pid_n, pid_m);
 }
 // ---- quantize_i4_k0: one program instance (launch k0 of quantize_i4: the library's elementwise)
 
@@ -1343,13 +1324,10 @@ extern "C" void tessera_w8a16(const tsr::bf16* x, const std::int8_t* w, const fl
   w8a16_launch(x, w, scale, out, M, K, N);
 }
 
-// ---- linear_per_group: k0 -> linear_per_group_k0, k1 -> linear_per_group_k1
+// ---- linear_per_group: k0 -> linear_per_group
 extern "C" void tessera_linear_per_group(const tsr::bf16* x, const std::int8_t* w,
     const float* scale, float* out, const tsr::i64 M, const tsr::i64 K, const tsr::i64 N) {
-  unsigned char* const slot0 = tsr::buffer(0, 2*K*N);
-  tsr::bf16* const t4_buffer = reinterpret_cast<tsr::bf16*>(slot0);
-  linear_per_group_k0_launch(w, scale, t4_buffer, K, N);
-  linear_per_group_k1_launch(t4_buffer, x, out, K, N, M);
+  linear_per_group_launch(x, w, scale, out, M, K, N);
 }
 
 // ---- quantize_i4: k0 -> quantize_i4_k0, k1 -> quantize_i4_k1

@@ -4,11 +4,10 @@
 // - quantize_weights k0: elementwise elements=1024, 8 warps, 1 stage (the heuristics)
 // - quantize_weights k1: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - w8a16 k0: tile_kernel T.m=128 T.n=256 T.k=64, 8 warps, 4 stages (the heuristics)
-// - linear_per_group k0: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - linear_per_group k1: gemm BM=128 BN=256 BK=64, 8 warps, 4 stages (the heuristics)
+// - linear_per_group k0: gemm_dequant_grouped T.m=128 T.n=64, 4 warps, 2 stages (the heuristics)
 // - quantize_i4 k0: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - quantize_i4 k1: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - w4a16 k0: tile_kernel T.m=128 T.n=128, 8 warps, 4 stages (the heuristics)
+// - w4a16 k0: tile_kernel T.m=128 T.n=64, 4 warps, 2 stages (the heuristics)
 // - w8a8 k0: tile_kernel T.m=128 T.n=128, 8 warps, 4 stages (the heuristics)
 // CUDA C++ for NVIDIA GPUs (nvcc or NVRTC, sm_80 and newer). Each kernel runs one
 // program per thread block: launch it with a grid of programs, `threads` threads per
@@ -179,172 +178,10 @@ __device__ inline void tsr_mma_m16n8k16_bf16(float* d, const unsigned* a, const 
 
 // ---------------------------------------------------------------- warpgroup products
 
-// sm_90a's wgmma reads its shared-memory operands through matrix descriptors: the
-// operand's start, its leading and stride byte offsets, and the 128-byte swizzle (mode 1
-// in bits 62-63). Addresses and offsets are in 16-byte units. The stride step is eight
-// 128-byte rows of a panel (the swizzle's repeat) whichever way round the operand lies;
-// the leading step is an MN-major operand's next panel along m or n, and a K-major one
-// has none (its k steps stay within one row): it takes one unit.
-__device__ inline unsigned long long tsr_wgmma_desc(const void* start,
-    unsigned leading_bytes = 16) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(start);
-  const unsigned stride_bytes = 8 * 128;
-  return (unsigned long long)((address >> 4) & 0x3fffu) |
-         (unsigned long long)((leading_bytes >> 4) & 0x3fffu) << 16 |
-         (unsigned long long)((stride_bytes >> 4) & 0x3fffu) << 32 | 1ull << 62;
-}
-
-// Before a batch of wgmma: the registers it reads (accumulators, operand fragments) are
-// written. After it: the batch is one group, and the warpgroup waits until at most
-// `Pending` of its groups are still running.
-__device__ inline void tsr_wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ inline void tsr_wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int Pending>
-__device__ inline void tsr_wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(Pending) : "memory");
-}
-
 // The thread's stores to shared memory become visible to wgmma (the async proxy) once the
 // barrier after this fence has been passed.
 __device__ inline void tsr_fence_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-// ---------------------------------------------------------------- tensor memory access
-
-// sm_90a's TMA copies a box of a global tensor into shared memory in one instruction. The
-// host describes the tensor in a tensor map (cuTensorMapEncodeTiled: address, sizes, row
-// strides, the box, the 128-byte swizzle) passed as a __grid_constant__ parameter; the
-// box's elements past the tensor's edges arrive as zeros. A pipeline stage's copies
-// complete a phase of the stage's mbarrier, in shared memory: the thread that issues
-// them arrives there announcing the bytes they bring (expect_tx), and the phase
-// completes when all have landed.
-struct tsr_tensor_map { alignas(64) unsigned long long opaque[16]; };
-
-__device__ inline void tsr_mbarrier_init(unsigned long long* bar, unsigned arrivals) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
-               :: "r"(address), "r"(arrivals) : "memory");
-}
-
-// Initialized barriers are seen by the copies that complete them (the async proxy) once
-// the block's barrier after this fence has been passed.
-__device__ inline void tsr_fence_mbarrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// One arrival, announcing `bytes` more to land before the phase completes.
-__device__ inline void tsr_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-               :: "r"(address), "r"(bytes) : "memory");
-}
-
-// Waits until the barrier's phase of parity `parity` has completed: the copies it
-// counted have landed, and are visible to the waiting thread.
-__device__ inline void tsr_mbarrier_wait(unsigned long long* bar, unsigned parity) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  unsigned done = 0;
-  while (!done) {
-    asm volatile("{\n"
-                 ".reg .pred p;\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                 "selp.u32 %0, 1, 0, p;\n"
-                 "}\n"
-                 : "=r"(done) : "r"(address), "r"(parity) : "memory");
-  }
-}
-
-// ---------------------------------------------------------------- warp specialization
-
-// A warpgroup frees a stage: one arrival, no bytes.
-__device__ inline void tsr_mbarrier_arrive(unsigned long long* bar) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(address) : "memory");
-}
-
-// The warpgroup's registers per thread become `Registers`: a producer warpgroup gives
-// its spare registers back, the computing warpgroups take them.
-template <int Registers>
-__device__ inline void tsr_setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" :: "n"(Registers));
-}
-template <int Registers>
-__device__ inline void tsr_setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" :: "n"(Registers));
-}
-
-// ---------------------------------------------------------------- tensor copies
-
-// The box of `map` whose first element is at coordinates c0 (innermost), c1, ... into
-// `dst`, completing bytes on `bar`.
-__device__ inline void tsr_tma_load_2d(void* dst, const tsr_tensor_map* map,
-    unsigned long long* bar, int c0, int c1) {
-  const unsigned address = (unsigned)__cvta_generic_to_shared(dst);
-  const unsigned barrier = (unsigned)__cvta_generic_to_shared(bar);
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%3, %4}], [%2];"
-               :: "r"(address), "l"(map), "r"(barrier),
-"r"(c0), "r"(c1) : "memory");
-}
-
-// d += a @ b on one warpgroup's m64n256k16 tile of bf16: `d` is the warp's 32 m16n8
-// accumulator fragments along the columns (the thread's 128 floats), `b` a descriptor, and `a`
-// a descriptor too. TransA and TransB say that a is M-major and b N-major.
-template <int TransA, int TransB>
-__device__ inline void tsr_wgmma_m64n256k16_bf16_ss(float* d, unsigned long long a,
-    unsigned long long b) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16\n"
-      "{%0, %1, %2, %3, %4, %5, %6, %7,"
-      " %8, %9, %10, %11, %12, %13, %14, %15,"
-      " %16, %17, %18, %19, %20, %21, %22, %23,"
-      " %24, %25, %26, %27, %28, %29, %30, %31,"
-      " %32, %33, %34, %35, %36, %37, %38, %39,"
-      " %40, %41, %42, %43, %44, %45, %46, %47,"
-      " %48, %49, %50, %51, %52, %53, %54, %55,"
-      " %56, %57, %58, %59, %60, %61, %62, %63,"
-      " %64, %65, %66, %67, %68, %69, %70, %71,"
-      " %72, %73, %74, %75, %76, %77, %78, %79,"
-      " %80, %81, %82, %83, %84, %85, %86, %87,"
-      " %88, %89, %90, %91, %92, %93, %94, %95,"
-      " %96, %97, %98, %99, %100, %101, %102, %103,"
-      " %104, %105, %106, %107, %108, %109, %110, %111,"
-      " %112, %113, %114, %115, %116, %117, %118, %119,"
-      " %120, %121, %122, %123, %124, %125, %126, %127},"
-      " %128, %129, p, 1, 1, %131, %132;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]),
-        "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),
-        "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]),
-        "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]),
-        "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]),
-        "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]),
-        "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]),
-        "+f"(d[126]), "+f"(d[127])
-      : "l"(a), "l"(b), "r"(1), "n"(TransA), "n"(TransB)
-      : "memory");
 }
 
 // end of the Tessera tile primitives
@@ -600,260 +437,142 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   }
 }
 
-// ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
-// grid [pid_m < ceil(32/BM), pid_b0 < K/32], 128 threads per program
-extern "C" __global__ void __launch_bounds__(128) linear_per_group_k0(
-    const signed char* __restrict__ w, const float* __restrict__ scale,
-    unsigned short* __restrict__ t4, const long long K, const long long N) {
-  const int lid = (int)threadIdx.x;
-  (void)K;  // the grid's extent only
-  constexpr int BM = 4;
-  constexpr int R = 32;
-  constexpr int THREADS = 4*TSR_WARP_SIZE;
-  const long long pid_m = blockIdx.x;
-  const long long pid_b0 = blockIdx.y;
-  // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
-  #pragma unroll
-  for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += THREADS) {
-      const long long row = BM*pid_m + i;
-      t4[(pid_b0 * R + row) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * R + row) * N + j]))
-          * (scale[(pid_b0 * 1 + 0) * N + j])))));
-    }
-  }
-}
-
-// ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
-// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 384 threads per program
-extern "C" __global__ void __launch_bounds__(384, 1) linear_per_group_k1(
-    const unsigned short* __restrict__ t4, const unsigned short* __restrict__ x,
-    float* __restrict__ out, const long long K, const long long N, const long long M,
-    const __grid_constant__ tsr_tensor_map x_map, const __grid_constant__ tsr_tensor_map t4_map) {
+// ---- linear_per_group: launch k0 of linear_per_group: the tile kernel gemm_dequant_grouped
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
+extern "C" __global__ void __launch_bounds__(128) linear_per_group(
+    const unsigned short* __restrict__ x, const signed char* __restrict__ w,
+    const float* __restrict__ scale, float* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
-  constexpr int BN = 256;
-  constexpr int BK = 64;
-  constexpr int CONSUMERS = 8*TSR_WARP_SIZE;
-  constexpr int PRODUCERS = 4*TSR_WARP_SIZE;
-  constexpr int WARP_M = 16;
-  constexpr int WARPGROUP = 4*TSR_WARP_SIZE;
-  constexpr int WGMMA_M = 64;
-  constexpr int WGMMA_K = 16;
-  constexpr int PANEL = 64;
-  constexpr int A_TILE_BYTES = BM*BK*2;
-  constexpr int B_TILE_BYTES = BK*BN*2;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 196672 bytes, given at launch
-  unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 65536);
-  // per stage: its copies have landed
-  unsigned long long* const tsr_landed = (unsigned long long*)(tsr_smem + 196608);
-  // per stage: the computing warpgroups are done with it
-  unsigned long long* const tsr_free = tsr_landed + 4;
+  constexpr int BN = 64;
+  constexpr int BK = 32;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 32;
+  constexpr int MMA_K = 16;
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 16384 bytes, given at launch
+  unsigned short* const operand_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
   const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
-  // a stage's copies land once its 128 producer threads have arrived and the bytes
-  // thread 0 announced are in; it is free once every computing warpgroup has arrived
-  if (lid == 0) {
-    tsr_mbarrier_init(tsr_landed + 0, PRODUCERS);
-    tsr_mbarrier_init(tsr_free + 0, 2);
-    tsr_mbarrier_init(tsr_landed + 1, PRODUCERS);
-    tsr_mbarrier_init(tsr_free + 1, 2);
-    tsr_mbarrier_init(tsr_landed + 2, PRODUCERS);
-    tsr_mbarrier_init(tsr_free + 2, 2);
-    tsr_mbarrier_init(tsr_landed + 3, PRODUCERS);
-    tsr_mbarrier_init(tsr_free + 3, 2);
-    tsr_fence_mbarrier_init();
-  }
-  __syncthreads();
-  // warpgroup 2: the producer, which only copies
-  if (lid >= CONSUMERS) {
-    tsr_setmaxnreg_dec<40>();
-    const int ptid = lid - CONSUMERS;
-    if (0 < K) {
-      // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+  // gemm_dequant_grouped.tsr:26: acc += tile.dot(tile.load(a, rows=T.m, cols=kb), b)
+  if (0 < K) {
+    for (int e = lid; e < BM*BK / 8; e += THREADS) {
+      const int i = e / (BK / 8);
+      const int j = e % (BK / 8) * 8;
       if (x_aligned) {
-        if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem, &x_map, tsr_landed + 0, 0, BM*pid_m);
-        }
+        const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
+        tsr_copy_async16(operand_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+            bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
-        #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
-          const long long i = e / BK;
-          const long long row = BM*pid_m + i;
-          const long long j = e - i * BK;
-          a_tile_smem[i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
-              row < M && j < K ? x[row * K + j] : 0;
-        }
-        tsr_fence_async_shared();
-      }
-      // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-      if (t4_aligned) {
-        if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem, &t4_map, tsr_landed + 0, BN*pid_n, 0);
-          tsr_tma_load_2d(b_tile_smem + BK*PANEL, &t4_map, tsr_landed + 0, BN*pid_n + PANEL, 0);
-          tsr_tma_load_2d(b_tile_smem + 2*BK*PANEL, &t4_map, tsr_landed + 0, BN*pid_n + 2*PANEL,
-              0);
-          tsr_tma_load_2d(b_tile_smem + 3*BK*PANEL, &t4_map, tsr_landed + 0, BN*pid_n + 3*PANEL,
-              0);
-        }
-      } else {
-        #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
-          const long long i = e / BN;
-          const long long j = e - i * BN;
-          const long long col = BN*pid_n + j;
-          b_tile_smem[j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
-              i < K && col < N ? t4[i * N + col] : 0;
-        }
-        tsr_fence_async_shared();
-      }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 0,
-          ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (t4_aligned ? B_TILE_BYTES : 0) : 0);
-    }
-    if (BK < K) {
-      // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-      if (x_aligned) {
-        if (ptid == 0) {
-          tsr_tma_load_2d(a_tile_smem + BM*BK, &x_map, tsr_landed + 1, BK, BM*pid_m);
-        }
-      } else {
-        #pragma unroll 1
-        for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
-          const long long i = e / BK;
-          const long long row = BM*pid_m + i;
-          const long long j = e - i * BK;
-          a_tile_smem[1 * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
-              row < M && BK + j < K ? x[row * K + BK + j] : 0;
-        }
-        tsr_fence_async_shared();
-      }
-      // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-      if (t4_aligned) {
-        if (ptid == 0) {
-          tsr_tma_load_2d(b_tile_smem + BK*BN, &t4_map, tsr_landed + 1, BN*pid_n, BK);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + BK*PANEL, &t4_map, tsr_landed + 1,
-              BN*pid_n + PANEL, BK);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 2*BK*PANEL, &t4_map, tsr_landed + 1,
-              BN*pid_n + 2*PANEL, BK);
-          tsr_tma_load_2d(b_tile_smem + BK*BN + 3*BK*PANEL, &t4_map, tsr_landed + 1,
-              BN*pid_n + 3*PANEL, BK);
-        }
-      } else {
-        #pragma unroll 1
-        for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
-          const long long i = e / BN;
-          const long long j = e - i * BN;
-          const long long col = BN*pid_n + j;
-          b_tile_smem[1 * BK*BN + j / PANEL * BK*PANEL + i * PANEL + (j % PANEL / 8 ^ i % 8) * 8
-              + j % 8] = BK + i < K && col < N ? t4[(BK + i) * N + col] : 0;
-        }
-        tsr_fence_async_shared();
-      }
-      tsr_mbarrier_arrive_expect_tx(tsr_landed + 1,
-          ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (t4_aligned ? B_TILE_BYTES : 0) : 0);
-    }
-    for (long long kb = 0; kb * BK < K; ++kb) {
-      if (BK*kb + 2*BK < K) {
-        if ((kb + 2) >= 4) tsr_mbarrier_wait(tsr_free + (kb + 2) % 4, ((kb + 2) / 4 + 1) % 2);
-        // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
-        if (x_aligned) {
-          if (ptid == 0) {
-            tsr_tma_load_2d(a_tile_smem + ((kb + 2) % 4) * BM*BK, &x_map,
-                tsr_landed + (kb + 2) % 4, BK*kb + 2*BK, BM*pid_m);
-          }
-        } else {
-          #pragma unroll 1
-          for (long long e = ptid; e < BM*BK; e += PRODUCERS) {
-            const long long i = e / BK;
-            const long long row = BM*pid_m + i;
-            const long long j = e - i * BK;
-            a_tile_smem[((kb + 2) % 4) * BM*BK + i * PANEL + (j / 8 ^ i % 8) * 8 + j % 8] =
-                row < M && BK*kb + 2*BK + j < K ? x[row * K + BK*kb + 2*BK + j] : 0;
-          }
-          tsr_fence_async_shared();
-        }
-        // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-        if (t4_aligned) {
-          if (ptid == 0) {
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + BK*PANEL, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + PANEL, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 2*BK*PANEL, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 2*PANEL, BK*kb + 2*BK);
-            tsr_tma_load_2d(b_tile_smem + ((kb + 2) % 4) * BK*BN + 3*BK*PANEL, &t4_map,
-                tsr_landed + (kb + 2) % 4, BN*pid_n + 3*PANEL, BK*kb + 2*BK);
-          }
-        } else {
-          #pragma unroll 1
-          for (long long e = ptid; e < BK*BN; e += PRODUCERS) {
-            const long long i = e / BN;
-            const long long j = e - i * BN;
-            const long long col = BN*pid_n + j;
-            b_tile_smem[((kb + 2) % 4) * BK*BN + j / PANEL * BK*PANEL + i * PANEL
-                + (j % PANEL / 8 ^ i % 8) * 8 + j % 8] =
-                BK*kb + 2*BK + i < K && col < N ? t4[(BK*kb + 2*BK + i) * N + col] : 0;
-          }
-          tsr_fence_async_shared();
-        }
-        tsr_mbarrier_arrive_expect_tx(tsr_landed + (kb + 2) % 4,
-            ptid == 0 ? (x_aligned ? A_TILE_BYTES : 0) + (t4_aligned ? B_TILE_BYTES : 0) : 0);
-      }
-    }
-  } else {
-    tsr_setmaxnreg_inc<232>();
-    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    float acc[BM*BN / CONSUMERS];
-    #pragma unroll
-    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
-        const int t = frag * TSR_MMA_REGS + reg;
-        acc[t] = 0.0f;
-      }
-    }
-    for (long long kb = 0; kb * BK < K; ++kb) {
-      tsr_mbarrier_wait(tsr_landed + (kb) % 4, kb / 4 % 2);
-      // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
-      tsr_wgmma_fence();
-      #pragma unroll
-      for (int kk = 0; kk < BK; kk += WGMMA_K) {
-        tsr_wgmma_m64n256k16_bf16_ss<0,
-            1>(acc, tsr_wgmma_desc(a_tile_smem + ((kb) % 4) * BM*BK + (wave / 4 * WGMMA_M) * PANEL
-            + kk % PANEL), tsr_wgmma_desc(b_tile_smem + ((kb) % 4) * BK*BN + kk * PANEL,
-            BK*PANEL*2));
-      }
-      tsr_wgmma_commit();
-      tsr_wgmma_wait<1>();
-      if (kb - 1 >= 0 && lid % WARPGROUP == 0) tsr_mbarrier_arrive(tsr_free + (kb - 1) % 4);
-    }
-    // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
-    tsr_wgmma_wait<0>();
-    #pragma unroll
-    for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
-      #pragma unroll
-      for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
-        const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
-        const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
-        float pair[2];
         #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int t = frag * TSR_MMA_REGS + reg + half;
-          pair[half] = acc[t];
+        for (int q = 0; q < 8; ++q) {
+          operand_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+              BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
-        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
-            && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
-          tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
+      }
+    }
+  }
+  tsr_copy_commit();
+  // gemm_dequant_grouped.tsr:21: for kb in tile.range_n(a.shape[-1], group):
+  float acc[BM*BN / THREADS];
+  #pragma unroll
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (BN / TSR_MMA_N); ++frag) {
+    #pragma unroll
+    for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
+      const int t = frag * TSR_MMA_REGS + reg;
+      acc[t] = 0.0f;
+    }
+  }
+  for (long long kb = 0; kb * BK < K; ++kb) {
+    tsr_copy_wait<0>();
+    tsr_fence_async_shared();
+    __syncthreads();
+    // gemm_dequant_grouped.tsr:26: acc += tile.dot(tile.load(a, rows=T.m, cols=kb), b)
+    if (BK*kb + BK < K) {
+      for (int e = lid; e < BM*BK / 8; e += THREADS) {
+        const int i = e / (BK / 8);
+        const int j = e % (BK / 8) * 8;
+        if (x_aligned) {
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy_async16(operand_smem
+              + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
-          if (BM*pid_m + i < M && BN*pid_n + j0 < N)
-              out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
-          if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
-              out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
+          #pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            operand_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + BK + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
+          }
         }
+      }
+    }
+    tsr_copy_commit();
+    // gemm_dequant_grouped.tsr:26: acc += tile.dot(tile.load(a, rows=T.m, cols=kb), b)
+    for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
+      unsigned a_frag[WARP_M / TSR_MMA_M][4];
+      #pragma unroll
+      for (int fm = 0; fm < 2; ++fm) {
+        tsr_ldmatrix_x4(a_frag[fm],
+            operand_smem + (((kb) % 2 * BM + wave * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8
+            + lane % 8) * BK + ((kk + lane / 8 / 2 * 8)
+            / 8 ^ (wave * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 8 / 2 * 8) % 8));
+      }
+      #pragma unroll
+      for (int fn = 0; fn < BN / TSR_MMA_N; ++fn) {
+        unsigned b_frag[2];
+        b_frag[0] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((kb + 0 < (K)/32
+            && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)
+            * ((BK*kb + kk + lane % 4 * 2 < K && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? (float)w[(BK*kb + kk + lane % 4 * 2) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4]
+            : 0.0f))))), tsr_float_to_bf16(tsr_round_bf16(((kb + 0 < (K)/32
+            && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)
+            * ((BK*kb + kk + lane % 4 * 2 + 1 < K && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? (float)w[(BK*kb + kk + lane % 4 * 2 + 1) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4]
+            : 0.0f))))));
+        b_frag[1] = tsr_pack_b16(tsr_float_to_bf16(tsr_round_bf16(((kb + 0 < (K)/32
+            && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)
+            * ((BK*kb + kk + lane % 4 * 2 + 8 < K && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? (float)w[(BK*kb + kk + lane % 4 * 2 + 8) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4]
+            : 0.0f))))), tsr_float_to_bf16(tsr_round_bf16(((kb + 0 < (K)/32
+            && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)
+            * ((BK*kb + kk + lane % 4 * 2 + 8 + 1 < K && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
+            ? (float)w[(BK*kb + kk + lane % 4 * 2 + 8 + 1) * N + BN*pid_n + fn * TSR_MMA_N
+            + lane / 4] : 0.0f))))));
+        #pragma unroll
+        for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * (BN / TSR_MMA_N) + fn) * TSR_MMA_REGS], a_frag[fm],
+            b_frag);
+      }
+    }
+  }
+  #pragma unroll
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (BN / TSR_MMA_N); ++frag) {
+    #pragma unroll
+    for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
+      const int i = wave * WARP_M + frag / (BN / TSR_MMA_N) * TSR_MMA_M + lane / 4 + (reg / 2) * 8;
+      const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
+      float pair[2];
+      #pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int t = frag * TSR_MMA_REGS + reg + half;
+        pair[half] = acc[t];
+      }
+      if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N
+          && tsr_pair_aligned(&out[(BM*pid_m + i) * N + BN*pid_n + j0])) {
+        tsr_store_pair(&out[(BM*pid_m + i) * N + BN*pid_n + j0], pair[0], pair[1]);
+      } else {
+        if (BM*pid_m + i < M && BN*pid_n + j0 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0] = pair[0];
+        if (BM*pid_m + i < M && BN*pid_n + j0 + 1 < N)
+            out[(BM*pid_m + i) * N + BN*pid_n + j0 + 1] = pair[1];
       }
     }
   }
@@ -907,18 +626,18 @@ extern "C" __global__ void __launch_bounds__(128) quantize_i4_k1(const float* __
 }
 
 // ---- w4a16: tile kernel w4a16
-// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __restrict__ x,
+// grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
+extern "C" __global__ void __launch_bounds__(128) w4a16(const unsigned short* __restrict__ x,
     const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out,
     const long long M, const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
-  constexpr int BN = 128;
+  constexpr int BN = 64;
   constexpr int BK = 32;
-  constexpr int THREADS = 8*TSR_WARP_SIZE;
-  constexpr int WARP_M = 16;
+  constexpr int THREADS = 4*TSR_WARP_SIZE;
+  constexpr int WARP_M = 32;
   constexpr int MMA_K = 16;
-  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 32768 bytes, given at launch
+  extern __shared__ __align__(1024) unsigned char tsr_smem[];  // 16384 bytes, given at launch
   unsigned short* const a_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
   const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
@@ -943,28 +662,10 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     }
   }
   tsr_copy_commit();
-  if (BK < K) {
-    for (int e = lid; e < BM*BK / 8; e += THREADS) {
-      const int i = e / (BK / 8);
-      const int j = e % (BK / 8) * 8;
-      if (x_aligned) {
-        const int bytes = BM*pid_m + i < M && BK + j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy_async16(a_smem + ((1 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
-            bytes ? x + ((BM*pid_m + i) * K + BK + j) : x, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          a_smem[(1 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-              BM*pid_m + i < M && BK + j + q < K ? x[(BM*pid_m + i) * K + BK + j + q] : 0;
-        }
-      }
-    }
-  }
-  tsr_copy_commit();
   // quant_linear.tsr:51: for kb in tile.range_n(x.shape[-1], 32):
   float acc[BM*BN / THREADS];
   #pragma unroll
-  for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (BN / TSR_MMA_N); ++frag) {
     #pragma unroll
     for (int reg = 0; reg < TSR_MMA_REGS; ++reg) {
       const int t = frag * TSR_MMA_REGS + reg;
@@ -972,24 +673,24 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     }
   }
   for (long long kb = 0; kb * BK < K; ++kb) {
-    tsr_copy_wait<1>();
+    tsr_copy_wait<0>();
     tsr_fence_async_shared();
     __syncthreads();
     // quant_linear.tsr:52: a = tile.load(x, rows=T.m, cols=kb)
-    if (BK*kb + 2*BK < K) {
+    if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 8; e += THREADS) {
         const int i = e / (BK / 8);
         const int j = e % (BK / 8) * 8;
         if (x_aligned) {
-          const int bytes = BM*pid_m + i < M && BK*kb + 2*BK + j < K ? TSR_CHUNK_BYTES : 0;
-          tsr_copy_async16(a_smem + (((kb + 2) % 4 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
-              bytes ? x + ((BM*pid_m + i) * K + BK*kb + 2*BK + j) : x, bytes);
+          const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? TSR_CHUNK_BYTES : 0;
+          tsr_copy_async16(a_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+              bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_smem[((kb + 2) % 4 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
-                BM*pid_m + i < M && BK*kb + 2*BK + j + q < K
-                ? x[(BM*pid_m + i) * K + BK*kb + 2*BK + j + q] : 0;
+            a_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+                BM*pid_m + i < M && BK*kb + BK + j + q < K
+                ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
@@ -997,11 +698,15 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
     tsr_copy_commit();
     // quant_linear.tsr:55: acc += tile.dot(a, b)
     for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
-      unsigned a_frag[1][4];
-      tsr_ldmatrix_x4(a_frag[0],
-          a_smem + ((kb % 4 * BM + wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) * BK
-          + ((kk + lane / 8 / 2 * 8) / 8 ^ (wave * WARP_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
-          + (kk + lane / 8 / 2 * 8) % 8));
+      unsigned a_frag[WARP_M / TSR_MMA_M][4];
+      #pragma unroll
+      for (int fm = 0; fm < 2; ++fm) {
+        tsr_ldmatrix_x4(a_frag[fm],
+            a_smem + (((kb) % 2 * BM + wave * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8
+            + lane % 8) * BK + ((kk + lane / 8 / 2 * 8)
+            / 8 ^ (wave * WARP_M + fm * TSR_MMA_M + lane / 8 % 2 * 8 + lane % 8) % 4) * 8
+            + (kk + lane / 8 / 2 * 8) % 8));
+      }
       #pragma unroll
       for (int fn = 0; fn < BN / TSR_MMA_N; ++fn) {
         unsigned b_frag[2];
@@ -1034,16 +739,18 @@ extern "C" __global__ void __launch_bounds__(256) w4a16(const unsigned short* __
             + lane / 4) & 1) * 4)) & 15) ^ 8) - 8) : 0.0f))
             * (kb + 0 < (K)/32 && BN*pid_n + fn * TSR_MMA_N + lane / 4 < N
             ? scale[(kb + 0) * N + BN*pid_n + fn * TSR_MMA_N + lane / 4] : 0.0f)))));
-        tsr_mma_m16n8k16_bf16(&acc[fn * TSR_MMA_REGS], a_frag[0], b_frag);
+        #pragma unroll
+        for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm)
+            tsr_mma_m16n8k16_bf16(&acc[(fm * (BN / TSR_MMA_N) + fn) * TSR_MMA_REGS], a_frag[fm],
+            b_frag);
       }
     }
   }
-  // quant_linear.tsr:51: for kb in tile.range_n(x.shape[-1], 32):
   #pragma unroll
-  for (int frag = 0; frag < BN / TSR_MMA_N; ++frag) {
+  for (int frag = 0; frag < WARP_M / TSR_MMA_M * (BN / TSR_MMA_N); ++frag) {
     #pragma unroll
     for (int reg = 0; reg < TSR_MMA_REGS; reg += 2) {
-      const int i = wave * WARP_M + lane / 4 + (reg / 2) * 8;
+      const int i = wave * WARP_M + frag / (BN / TSR_MMA_N) * TSR_MMA_M + lane / 4 + (reg / 2) * 8;
       const int j0 = frag % (BN / TSR_MMA_N) * TSR_MMA_N + lane % 4 * 2;
       float pair[2];
       #pragma unroll

@@ -4,8 +4,7 @@
 // - quantize_weights k0: elementwise elements=1024, 8 warps, 1 stage (the heuristics)
 // - quantize_weights k1: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - w8a16 k0: tile_kernel T.m=128 T.n=128 T.k=32, 4 warps, 2 stages (the heuristics)
-// - linear_per_group k0: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - linear_per_group k1: gemm BM=128 BN=128 BK=32, 4 warps, 2 stages (the heuristics)
+// - linear_per_group k0: gemm_dequant_grouped T.m=128 T.n=128, 4 warps, 2 stages (the heuristics)
 // - quantize_i4 k0: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - quantize_i4 k1: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - w4a16 k0: tile_kernel T.m=128 T.n=128, 4 warps, 2 stages (the heuristics)
@@ -298,35 +297,12 @@ extern "C" __global__ void __launch_bounds__(256) w8a16(const unsigned short* __
   }
 }
 
-// ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
-// grid [pid_m < ceil(32/BM), pid_b0 < K/32], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) linear_per_group_k0(
-    const signed char* __restrict__ w, const float* __restrict__ scale,
-    unsigned short* __restrict__ t4, const long long K, const long long N) {
-  const int lid = (int)threadIdx.x;
-  (void)K;  // the grid's extent only
-  constexpr int BM = 4;
-  constexpr int R = 32;
-  constexpr int THREADS = 4*TSR_WARP_SIZE;
-  const long long pid_m = blockIdx.x;
-  const long long pid_b0 = blockIdx.y;
-  // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
-  #pragma unroll
-  for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += THREADS) {
-      const long long row = BM*pid_m + i;
-      t4[(pid_b0 * R + row) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * R + row) * N + j]))
-          * (scale[(pid_b0 * 1 + 0) * N + j])))));
-    }
-  }
-}
-
-// ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
+// ---- linear_per_group: launch k0 of linear_per_group: the tile kernel gemm_dequant_grouped
 // grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 256 threads per program
-extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
-    const unsigned short* __restrict__ t4, const unsigned short* __restrict__ x,
-    float* __restrict__ out, const long long K, const long long N, const long long M) {
+extern "C" __global__ void __launch_bounds__(256) linear_per_group(
+    const unsigned short* __restrict__ x, const signed char* __restrict__ w,
+    const float* __restrict__ scale, float* __restrict__ out, const long long M,
+    const long long K, const long long N) {
   const int lid = (int)threadIdx.x;
   constexpr int BM = 128;
   constexpr int BN = 128;
@@ -335,51 +311,31 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   constexpr int WARP_M = 64;
   constexpr int WARP_N = 64;
   constexpr int MMA_K = 8;
-  __shared__ unsigned char tsr_smem[32768] __attribute__((aligned(TSR_CHUNK_BYTES)));
-  unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 16384);
+  __shared__ unsigned char tsr_smem[16384] __attribute__((aligned(TSR_CHUNK_BYTES)));
+  unsigned short* const operand_smem = (unsigned short*)(tsr_smem + 0);
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
   const int lane = lid % TSR_WARP_SIZE, wave = lid / TSR_WARP_SIZE;
   const long long pid_n = blockIdx.x;
   const long long pid_m = blockIdx.y;
-  // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+  // gemm_dequant_grouped.tsr:26: acc += tile.dot(tile.load(a, rows=T.m, cols=kb), b)
   if (0 < K) {
     for (int e = lid; e < BM*BK / 8; e += THREADS) {
       const int i = e / (BK / 8);
       const int j = e % (BK / 8) * 8;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < M && j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+        tsr_copy16(operand_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + j) : x, bytes);
       } else {
         #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          operand_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && j + q < K ? x[(BM*pid_m + i) * K + j + q] : 0;
         }
       }
     }
   }
-  // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-  if (0 < K) {
-    for (int e = lid; e < BK*BN / 8; e += THREADS) {
-      const int i = e / (BN / 8);
-      const int j = e % (BN / 8) * 8;
-      if (t4_aligned) {
-        const int bytes = i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
-        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? t4 + (i * N + BN*pid_n + j) : t4, bytes);
-      } else {
-        #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              i < K && BN*pid_n + j + q < N ? t4[i * N + BN*pid_n + j + q] : 0;
-        }
-      }
-    }
-  }
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+  // gemm_dequant_grouped.tsr:21: for kb in tile.range_n(a.shape[-1], group):
   float acc[BM*BN / THREADS];
   #pragma unroll
   for (int frag = 0; frag < WARP_M / TSR_MMA_M * (WARP_N / TSR_MMA_N); ++frag) {
@@ -391,51 +347,32 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
   }
   for (long long kb = 0; kb * BK < K; ++kb) {
     __syncthreads();
-    // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+    // gemm_dequant_grouped.tsr:26: acc += tile.dot(tile.load(a, rows=T.m, cols=kb), b)
     if (BK*kb + BK < K) {
       for (int e = lid; e < BM*BK / 8; e += THREADS) {
         const int i = e / (BK / 8);
         const int j = e % (BK / 8) * 8;
         if (x_aligned) {
           const int bytes = BM*pid_m + i < M && BK*kb + BK + j < K ? TSR_CHUNK_BYTES : 0;
-          tsr_copy16(a_tile_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+          tsr_copy16(operand_smem + (((kb + 1) % 2 * BM + i) * BK + (j / 8 ^ i % 4) * 8 + j % 8),
               bytes ? x + ((BM*pid_m + i) * K + BK*kb + BK + j) : x, bytes);
         } else {
           #pragma unroll
           for (int q = 0; q < 8; ++q) {
-            a_tile_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+            operand_smem[((kb + 1) % 2 * BM + i) * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
                 BM*pid_m + i < M && BK*kb + BK + j + q < K
                 ? x[(BM*pid_m + i) * K + BK*kb + BK + j + q] : 0;
           }
         }
       }
     }
-    // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    if (BK*kb + BK < K) {
-      for (int e = lid; e < BK*BN / 8; e += THREADS) {
-        const int i = e / (BN / 8);
-        const int j = e % (BN / 8) * 8;
-        if (t4_aligned) {
-          const int bytes = BK*kb + BK + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
-          tsr_copy16(b_tile_smem + (((kb + 1) % 2 * BK + i) * BN + (j / 8 ^ i % 8) * 8 + j % 8),
-              bytes ? t4 + ((BK*kb + BK + i) * N + BN*pid_n + j) : t4, bytes);
-        } else {
-          #pragma unroll
-          for (int q = 0; q < 8; ++q) {
-            b_tile_smem[((kb + 1) % 2 * BK + i) * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-                BK*kb + BK + i < K && BN*pid_n + j + q < N
-                ? t4[(BK*kb + BK + i) * N + BN*pid_n + j + q] : 0;
-          }
-        }
-      }
-    }
-    // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
+    // gemm_dequant_grouped.tsr:26: acc += tile.dot(tile.load(a, rows=T.m, cols=kb), b)
     for (int kk = 0; kk < BK && kk < K - BK*kb; kk += MMA_K) {
       #pragma unroll
       for (int fm = 0; fm < WARP_M / TSR_MMA_M; ++fm) {
         tsr_bf16x4 a_frag;
         for (int q = 0; q < 4; ++q)
-            a_frag[q] = (short)a_tile_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
+            a_frag[q] = (short)operand_smem[((kb) % 2 * BM + wave / 2 * WARP_M + fm * TSR_MMA_M
             + lane % TSR_MMA_M) * BK
             + ((kk + lane / TSR_MMA_M * 4 + q)
             / 8 ^ (wave / 2 * WARP_M + fm * TSR_MMA_M + lane % TSR_MMA_M) % 4) * 8
@@ -444,10 +381,14 @@ extern "C" __global__ void __launch_bounds__(256) linear_per_group_k1(
         for (int fn = 0; fn < WARP_N / TSR_MMA_N; ++fn) {
           tsr_bf16x4 b_frag;
           for (int q = 0; q < 4; ++q)
-              b_frag[q] = (short)b_tile_smem[((kb) % 2 * BK + kk + lane / TSR_MMA_M * 4 + q) * BN
-              + ((wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N)
-              / 8 ^ (kk + lane / TSR_MMA_M * 4 + q) % 8) * 8
-              + (wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N) % 8];
+              b_frag[q] = (short)tsr_float_to_bf16(tsr_round_bf16(((kb + 0 < (K)/32
+              && BN*pid_n + wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N < N
+              ? scale[(kb + 0) * N + BN*pid_n + wave % 2 * WARP_N + fn * TSR_MMA_N
+              + lane % TSR_MMA_N] : 0.0f)
+              * ((BK*kb + kk + lane / TSR_MMA_M * 4 + q < K
+              && BN*pid_n + wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N < N
+              ? (float)w[(BK*kb + kk + lane / TSR_MMA_M * 4 + q) * N + BN*pid_n
+              + wave % 2 * WARP_N + fn * TSR_MMA_N + lane % TSR_MMA_N] : 0.0f)))));
           tsr_floatx16 frag_acc;
           for (int reg = 0; reg < TSR_MMA_REGS; ++reg)
               frag_acc[reg] = acc[(fm * (WARP_N / TSR_MMA_N) + fn) * TSR_MMA_REGS + reg];

@@ -4,8 +4,7 @@
 // - quantize_weights k0: elementwise elements=1024, 8 warps, 1 stage (the heuristics)
 // - quantize_weights k1: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - w8a16 k0: tile_kernel T.m=64 T.n=64 T.k=32, 4 warps, 1 stage (the heuristics)
-// - linear_per_group k0: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - linear_per_group k1: gemm BM=64 BN=64 BK=32, 4 warps, 1 stage (the heuristics)
+// - linear_per_group k0: gemm_dequant_grouped T.m=64 T.n=64, 4 warps, 1 stage (the heuristics)
 // - quantize_i4 k0: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - quantize_i4 k1: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - w4a16 k0: tile_kernel T.m=64 T.n=64, 4 warps, 1 stage (the heuristics)
@@ -220,34 +219,12 @@ void w8a16(__global const ushort* restrict x, __global const char* restrict w,
   }
 }
 
-// ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
-// grid [pid_m < ceil(32/BM), pid_b0 < K/32], 128 threads per program
-__kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void linear_per_group_k0(__global const char* restrict w, __global const float* restrict scale,
-    __global ushort* restrict t4, const long K, const long N) {
-  const int lid = get_local_id(0);
-  (void)K;  // the grid's extent only
-  enum { BM = 4 };
-  enum { R = 32 };
-  enum { THREADS = 4*TSR_WARP_SIZE };
-  const long pid_m = get_group_id(0);
-  const long pid_b0 = get_group_id(1);
-  // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
-  for (int i = 0; i < BM; ++i) {
-    for (long j = lid; j < N; j += THREADS) {
-      const long row = BM*pid_m + i;
-      t4[(pid_b0 * R + row) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * R + row) * N + j]))
-          * (scale[(pid_b0 * 1 + 0) * N + j])))));
-    }
-  }
-}
-
-// ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
+// ---- linear_per_group: launch k0 of linear_per_group: the tile kernel gemm_dequant_grouped
 // grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
 __kernel __attribute__((reqd_work_group_size(128, 1, 1)))
-void linear_per_group_k1(__global const ushort* restrict t4, __global const ushort* restrict x,
-    __global float* restrict out, const long K, const long N, const long M) {
+void linear_per_group(__global const ushort* restrict x, __global const char* restrict w,
+    __global const float* restrict scale, __global float* restrict out, const long M,
+    const long K, const long N) {
   const int lid = get_local_id(0);
   enum { BM = 64 };
   enum { BN = 64 };
@@ -256,15 +233,13 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
   enum { TX = 16 };
   enum { TY = THREADS / TX };
   enum { RM = BM / TY };
-  __local uchar tsr_smem[8192] __attribute__((aligned(TSR_CHUNK_BYTES)));
-  __local ushort* const a_tile_smem = (__local ushort*)(tsr_smem + 0);
-  __local ushort* const b_tile_smem = (__local ushort*)(tsr_smem + 4096);
+  __local uchar tsr_smem[4096] __attribute__((aligned(TSR_CHUNK_BYTES)));
+  __local ushort* const operand_smem = (__local ushort*)(tsr_smem + 0);
   const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
   const long pid_n = get_group_id(0);
   const long pid_m = get_group_id(1);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+  // gemm_dequant_grouped.tsr:21: for kb in tile.range_n(a.shape[-1], group):
   float acc[BM*BN / THREADS];
   for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -273,47 +248,34 @@ void linear_per_group_k1(__global const ushort* restrict t4, __global const usho
     }
   }
   for (long kb = 0; kb * BK < K; ++kb) {
+    // gemm_dequant_grouped.tsr:25: b = tile.cast(tile.load(scale, kb, cols=T.n) * w, a.dtype)
     barrier(CLK_LOCAL_MEM_FENCE);
-    // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+    // gemm_dequant_grouped.tsr:26: acc += tile.dot(tile.load(a, rows=T.m, cols=kb), b)
     for (int e = lid; e < BM*BK / 8; e += THREADS) {
       const int i = e / (BK / 8);
       const int j = e % (BK / 8) * 8;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+        tsr_copy16(operand_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          operand_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
-    // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < BK*BN / 8; e += THREADS) {
-      const int i = e / (BN / 8);
-      const int j = e % (BN / 8) * 8;
-      if (t4_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
-        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? t4 + ((BK*kb + i) * N + BN*pid_n + j) : t4, bytes);
-      } else {
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              BK*kb + i < K && BN*pid_n + j + q < N ? t4[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
-        }
-      }
-    }
     barrier(CLK_LOCAL_MEM_FENCE);
-    // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[RM], b_k[4];
       for (int r = 0; r < RM; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          a_k[r] = tsr_bf16_to_float(operand_smem[(ty + r * TY) * BK
           + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
-          + (tx + c * TX) % 8]);
+          b_k[c] = tsr_round_bf16(((kb + 0 < (K)/32 && BN*pid_n + tx + c * TX < N
+          ? scale[(kb + 0) * N + BN*pid_n + tx + c * TX] : 0.0f)
+          * ((BK*kb + kk < K && BN*pid_n + tx + c * TX < N
+          ? (float)w[(BK*kb + kk) * N + BN*pid_n + tx + c * TX] : 0.0f))));
       for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }

@@ -4,8 +4,7 @@
 // - quantize_weights k0: elementwise elements=1024, 8 warps, 1 stage (the heuristics)
 // - quantize_weights k1: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - w8a16 k0: tile_kernel T.m=64 T.n=64 T.k=32, 4 warps, 1 stage (the heuristics)
-// - linear_per_group k0: elementwise rows=4, 4 warps, 1 stage (the heuristics)
-// - linear_per_group k1: gemm BM=64 BN=64 BK=32, 4 warps, 1 stage (the heuristics)
+// - linear_per_group k0: gemm_dequant_grouped T.m=64 T.n=64, 4 warps, 1 stage (the heuristics)
 // - quantize_i4 k0: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - quantize_i4 k1: elementwise rows=4, 4 warps, 1 stage (the heuristics)
 // - w4a16 k0: tile_kernel T.m=64 T.n=64, 4 warps, 1 stage (the heuristics)
@@ -272,49 +271,12 @@ inline sycl::event w8a16_k0_submit(
   });
 }
 
-// ---- linear_per_group_k0: launch k0 of linear_per_group: the library's elementwise
-// grid [pid_m < ceil(32/BM), pid_b0 < K/32], 128 threads per program
-inline void linear_per_group_k0(const signed char* __restrict__ w,
-    const float* __restrict__ scale, unsigned short* __restrict__ t4, const long long K,
-    const long long N, const sycl::nd_item<3>& it) {
-  const int lid = (int)it.get_local_id(2);
-  (void)K;  // the grid's extent only
-  constexpr int BM = 4;
-  constexpr int R = 32;
-  constexpr int THREADS = 4*TSR_WARP_SIZE;
-  const long long pid_m = it.get_group(2);
-  const long long pid_b0 = it.get_group(1);
-  // quant_linear.tsr:38: return x @ dequantize(w, scale, group=32, dtype=bf16)
-  for (int i = 0; i < BM; ++i) {
-    for (long long j = lid; j < N; j += THREADS) {
-      const long long row = BM*pid_m + i;
-      t4[(pid_b0 * R + row) * N + j] =
-          tsr_float_to_bf16((tsr_round_bf16(((((float)w[(pid_b0 * R + row) * N + j]))
-          * (scale[(pid_b0 * 1 + 0) * N + j])))));
-    }
-  }
-}
-
-// ---- linear_per_group_k0_submit: submits linear_per_group_k0 to `queue` after the event `done`
-inline sycl::event linear_per_group_k0_submit(
-    sycl::queue& queue, const sycl::event& done, const signed char* w, const float* scale,
-    unsigned short* t4, const long long K, const long long N) {
-  constexpr int THREADS = 128;
-  return queue.submit([&](sycl::handler& cgh) {
-    cgh.depends_on(done);
-    const sycl::range<3> global(1, (K)/32, THREADS * (8));
-    const sycl::range<3> group(1, 1, THREADS);
-    cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      linear_per_group_k0(w, scale, t4, K, N, it);
-    });
-  });
-}
-
-// ---- linear_per_group_k1: launch k1 of linear_per_group: the library's gemm
+// ---- linear_per_group_k0: launch k0 of linear_per_group: the tile kernel gemm_dequant_grouped
 // grid [pid_n < ceil(N/BN), pid_m < ceil(M/BM)], 128 threads per program
-inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
-    const unsigned short* __restrict__ x, float* __restrict__ out, const long long K,
-    const long long N, const long long M, const sycl::nd_item<3>& it, unsigned char* tsr_smem) {
+inline void linear_per_group_k0(const unsigned short* __restrict__ x,
+    const signed char* __restrict__ w, const float* __restrict__ scale, float* __restrict__ out,
+    const long long M, const long long K, const long long N, const sycl::nd_item<3>& it,
+    unsigned char* tsr_smem) {
   const int lid = (int)it.get_local_id(2);
   constexpr int BM = 64;
   constexpr int BN = 64;
@@ -323,14 +285,12 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
   constexpr int TX = 16;
   constexpr int TY = THREADS / TX;
   constexpr int RM = BM / TY;
-  unsigned short* const a_tile_smem = (unsigned short*)(tsr_smem + 0);
-  unsigned short* const b_tile_smem = (unsigned short*)(tsr_smem + 4096);
+  unsigned short* const operand_smem = (unsigned short*)(tsr_smem + 0);
   const int tx = lid % TX, ty = lid / TX;
   const bool x_aligned = tsr_aligned16(x) && K % 8 == 0;
-  const bool t4_aligned = tsr_aligned16(t4) && N % 8 == 0;
   const long long pid_n = it.get_group(2);
   const long long pid_m = it.get_group(1);
-  // gemm.tsr:13: for kb in tile.range_n(a.shape[-1], T.k, prefetch=2):
+  // gemm_dequant_grouped.tsr:21: for kb in tile.range_n(a.shape[-1], group):
   float acc[BM*BN / THREADS];
   for (int r = 0; r < RM; ++r) {
     for (int c = 0; c < 4; ++c) {
@@ -339,47 +299,34 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
     }
   }
   for (long long kb = 0; kb * BK < K; ++kb) {
+    // gemm_dequant_grouped.tsr:25: b = tile.cast(tile.load(scale, kb, cols=T.n) * w, a.dtype)
     sycl::group_barrier(it.get_group());
-    // gemm.tsr:14: a_tile = tile.load(a, rows=T.m, cols=kb)
+    // gemm_dequant_grouped.tsr:26: acc += tile.dot(tile.load(a, rows=T.m, cols=kb), b)
     for (int e = lid; e < BM*BK / 8; e += THREADS) {
       const int i = e / (BK / 8);
       const int j = e % (BK / 8) * 8;
       if (x_aligned) {
         const int bytes = BM*pid_m + i < M && BK*kb + j < K ? TSR_CHUNK_BYTES : 0;
-        tsr_copy16(a_tile_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
+        tsr_copy16(operand_smem + (i * BK + (j / 8 ^ i % 4) * 8 + j % 8),
             bytes ? x + ((BM*pid_m + i) * K + BK*kb + j) : x, bytes);
       } else {
         for (int q = 0; q < 8; ++q) {
-          a_tile_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
+          operand_smem[i * BK + ((j + q) / 8 ^ i % 4) * 8 + (j + q) % 8] =
               BM*pid_m + i < M && BK*kb + j + q < K ? x[(BM*pid_m + i) * K + BK*kb + j + q] : 0;
         }
       }
     }
-    // gemm.tsr:15: b_tile = tile.load(b, kb, cols=T.n)
-    for (int e = lid; e < BK*BN / 8; e += THREADS) {
-      const int i = e / (BN / 8);
-      const int j = e % (BN / 8) * 8;
-      if (t4_aligned) {
-        const int bytes = BK*kb + i < K && BN*pid_n + j < N ? TSR_CHUNK_BYTES : 0;
-        tsr_copy16(b_tile_smem + (i * BN + (j / 8 ^ i % 8) * 8 + j % 8),
-            bytes ? t4 + ((BK*kb + i) * N + BN*pid_n + j) : t4, bytes);
-      } else {
-        for (int q = 0; q < 8; ++q) {
-          b_tile_smem[i * BN + ((j + q) / 8 ^ i % 8) * 8 + (j + q) % 8] =
-              BK*kb + i < K && BN*pid_n + j + q < N ? t4[(BK*kb + i) * N + BN*pid_n + j + q] : 0;
-        }
-      }
-    }
     sycl::group_barrier(it.get_group());
-    // gemm.tsr:16: acc += tile.dot(a_tile, b_tile)
     for (int kk = 0; kk < BK && kk < K - BK*kb; ++kk) {
       float a_k[RM], b_k[4];
       for (int r = 0; r < RM; ++r)
-          a_k[r] = tsr_bf16_to_float(a_tile_smem[(ty + r * TY) * BK
+          a_k[r] = tsr_bf16_to_float(operand_smem[(ty + r * TY) * BK
           + (kk / 8 ^ (ty + r * TY) % 4) * 8 + kk % 8]);
       for (int c = 0; c < 4; ++c)
-          b_k[c] = tsr_bf16_to_float(b_tile_smem[kk * BN + ((tx + c * TX) / 8 ^ kk % 8) * 8
-          + (tx + c * TX) % 8]);
+          b_k[c] = tsr_round_bf16(((kb + 0 < (K)/32 && BN*pid_n + tx + c * TX < N
+          ? scale[(kb + 0) * N + BN*pid_n + tx + c * TX] : 0.0f)
+          * ((BK*kb + kk < K && BN*pid_n + tx + c * TX < N
+          ? (float)w[(BK*kb + kk) * N + BN*pid_n + tx + c * TX] : 0.0f))));
       for (int r = 0; r < RM; ++r) {
         for (int c = 0; c < 4; ++c) acc[r * 4 + c] = sycl::fma(a_k[r], b_k[c], acc[r * 4 + c]);
       }
@@ -395,22 +342,22 @@ inline void linear_per_group_k1(const unsigned short* __restrict__ t4,
   }
 }
 
-// ---- linear_per_group_k1_submit: submits linear_per_group_k1 to `queue` after the event `done`
-inline sycl::event linear_per_group_k1_submit(
-    sycl::queue& queue, const sycl::event& done, const unsigned short* t4, const unsigned short* x,
-    float* out, const long long K, const long long N, const long long M) {
+// ---- linear_per_group_k0_submit: submits linear_per_group_k0 to `queue` after the event `done`
+inline sycl::event linear_per_group_k0_submit(
+    sycl::queue& queue, const sycl::event& done, const unsigned short* x, const signed char* w,
+    const float* scale, float* out, const long long M, const long long K, const long long N) {
   constexpr int BM = 64;
   constexpr int BN = 64;
   constexpr int THREADS = 128;
-  constexpr int SMEM_CHUNKS = 512;
+  constexpr int SMEM_CHUNKS = 256;
   return queue.submit([&](sycl::handler& cgh) {
     cgh.depends_on(done);
     sycl::local_accessor<sycl::uint4, 1> tsr_smem(sycl::range<1>(SMEM_CHUNKS), cgh);
     const sycl::range<3> global(1, (M + BM - 1) / BM, THREADS * ((N + BN - 1) / BN));
     const sycl::range<3> group(1, 1, THREADS);
     cgh.parallel_for(sycl::nd_range<3>(global, group), [=](sycl::nd_item<3> it) {
-      linear_per_group_k1(
-          t4, x, out, K, N, M, it,
+      linear_per_group_k0(
+          x, w, scale, out, M, K, N, it,
           (unsigned char*)tsr_smem.get_multi_ptr<sycl::access::decorated::no>().get());
     });
   });
@@ -753,12 +700,9 @@ inline void w8a16(
 inline void linear_per_group(
     sycl::queue& queue, const unsigned short* x, const signed char* w, const float* scale,
     float* out, const long long M, const long long K, const long long N) {
-  unsigned short* const t4 = static_cast<unsigned short*>(sycl::malloc_device(2*K*N, queue));
   sycl::event done;
-  done = linear_per_group_k0_submit(queue, done, w, scale, t4, K, N);
-  done = linear_per_group_k1_submit(queue, done, t4, x, out, K, N, M);
+  done = linear_per_group_k0_submit(queue, done, x, w, scale, out, M, K, N);
   done.wait();
-  sycl::free(t4, queue);
 }
 
 // ---- quantize_i4: the host function of quantize_i4, on `queue`: tensors are USM
