@@ -46,6 +46,7 @@ _NUMPY = {"bf16": BF16, "f16": np.float16, "f32": np.float32}
 def _signature(
     name: str, weight: str, group: int | None, zero: bool, x: str, out: str, _: int
 ) -> str:
+    """The source of a ``FUSED`` function: ``x @ dequantize(q, s, ...)`` and nothing else."""
     scale = f'"K/{group}", "N"' if group else '"N"'
     params = [f'x: Tensor["M", "K", {x}]', f'q: Tensor["K", "N", {weight}]',
               f"s: Tensor[{scale}, f32]"]  # fmt: skip
@@ -257,3 +258,23 @@ def test_the_products_left_as_they_were_give_the_same_values(
     w = _dequantized(q, column, None, BF16, None)
     have = _run(lib.narrow, BF16, x, q, column, shape=(M, N))
     np.testing.assert_array_equal(_bits(have), _bits(accumulated(x, w, BF16)))
+
+
+@pytest.mark.parametrize("name", ["w4_groups_zero", "w8_columns"])
+def test_sizes_known_when_compiling_give_the_same_values(name: str) -> None:
+    """With K and N fixed (``-D``), the group follows from numbers rather than sizes."""
+    weight, group, zero, x, out, k = FUSED[name]
+    program = tessera.compile(_signature(name, *FUSED[name]), filename="q.tsr", target="cpu",
+                              defines={"K": k, "N": N})  # fmt: skip
+    assert "buffer" not in program.inspect_ir("sched")
+    args, want = _inputs(np.random.default_rng(10), weight, group, zero, x, k)
+    _close(_run(getattr(program.load(), name), _NUMPY[out], *args, shape=(M, N)), want, out)
+
+
+@pytest.mark.parametrize("name", ["w4_groups", "w4_columns_f16"])
+def test_the_cpu_dequantizes_an_i4_weight_inside_the_product(name: str) -> None:
+    """Without zero points, the library kernel's steps are the pattern that the CPU's
+    product takes in (``tsr::mma_i4``, docs/cpu-backend.md): none is emitted."""
+    source = tessera.compile(_signature(name, *FUSED[name]), filename="q.tsr",
+                             target="cpu").source  # fmt: skip
+    assert "tsr::mma_i4(" in source

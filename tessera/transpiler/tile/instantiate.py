@@ -1,16 +1,16 @@
 """Instantiate a tile kernel for a fused Graph IR group: the standard library's, or the
-file's own that a graph function calls (``tile_call``).
+one that a ``tile_call`` runs (the file's own kernel that a graph function calls, or a
+library kernel that a graph pass calls, ``graph.dequantized``).
 
 A group anchored at ``matmul``, ``flash_attention``, ``softmax``, ``layernorm``,
 ``rmsnorm`` or ``rotary_embedding`` gets its library kernel typed for its operands
-(``graph.library.stdlib_kernel``). The group's other ops
-(bias, activation, residual, cast) become the epilogue, applied to the
-result tile before it is stored. Elementwise ops that compute the anchor's
-first operand (``softmax(x * scale)``) become its prologue, applied where
-the kernel loads that operand; a group of elementwise ops alone is the
-prologue of the ``elementwise`` kernel, which only loads it. A call of the
-file's own tile kernel was typed for its arguments when it was analysed; its
-group's elementwise ops after it are its epilogue likewise.
+(``graph.library.stdlib_kernel``). The group's other ops (bias, activation, residual,
+cast) become the epilogue, applied to the result tile before it is stored. Elementwise
+ops that compute the anchor's first operand (``softmax(x * scale)``) become its
+prologue, applied where the kernel loads that operand; a group of elementwise ops alone
+is the prologue of the ``elementwise`` kernel, which only loads it. The kernel that a
+``tile_call`` runs was typed for its arguments when the call was made; its group's
+elementwise ops after it are its epilogue likewise.
 """
 
 from __future__ import annotations
@@ -67,10 +67,11 @@ def instantiate(
 
 
 def _called_kernel(anchor: Op, rename: dict[int, Value]) -> tuple[Function, dict[int, Any]]:
-    """The file's tile kernel that a ``tile_call`` runs, typed for its arguments when it
-    was analysed (``TileCallee``), and its parameters bound: each argument the op reads
-    to the kernel parameter it maps to, each number (a scalar given as a constant, or a
-    default) to itself."""
+    """The tile kernel that a ``tile_call`` runs, typed for its arguments when the call
+    was made (``TileCallee``), and its parameters bound: each argument the op reads to
+    the kernel parameter it maps to, each number (a scalar given as a constant, or a
+    default) to itself, and a tensor the call leaves out (``constants`` maps it to None:
+    a library kernel's absent zero points) to nothing."""
     fn = anchor.attr("kernel").function
     read = dict(zip(anchor.attr("params"), anchor.operands, strict=True))
     numbers = dict(anchor.attr("constants"))
