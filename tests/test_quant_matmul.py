@@ -81,9 +81,16 @@ def two_steps(x: Tensor["M", "K", bf16], q: Tensor["K", "N", i4],
 
 #: Products by a dequantized weight that keep the temporary: the weight's transpose (a
 #: weight stored [N, K]), a per-row scale, a weight that is also returned, a 16-bit
-#: accumulation, and groups wider than a step of the kernel takes (256 bf16 columns of
-#: activations: more bytes than the GPUs stage).
+#: accumulation, groups wider than a step of the kernel takes (256 bf16 columns of
+#: activations: more bytes than the GPUs stage), and activations whose K is a number where
+#: the weight's is a size (equal at run time, which the entry checks).
 FALLBACK = """
+@kernel
+def known_k(x: Tensor["M", 160, f32], q: Tensor["K", "N", i8],
+            s: Tensor["K/32", "N", f32]) -> Tensor["M", "N", f32]:
+    return x @ dequantize(q, s, group=32)
+
+
 @kernel
 def wide_groups(x: Tensor["M", "K", bf16], q: Tensor["K", "N", i4],
                 s: Tensor["K/256", "N", f32]) -> Tensor["M", "N", f32]:
@@ -187,7 +194,9 @@ def test_the_epilogue_stays_in_the_kernel(graphs: dict[str, str]) -> None:
     assert "grid [ceil(N/256), ceil(M/256), B]" in sched, sched
 
 
-@pytest.mark.parametrize("name", ["transposed", "per_row", "weight_kept", "narrow", "wide_groups"])
+@pytest.mark.parametrize(
+    "name", ["transposed", "per_row", "weight_kept", "narrow", "wide_groups", "known_k"]
+)
 def test_other_products_keep_the_temporary(graphs: dict[str, str], name: str) -> None:
     """The forms the kernel does not take: the weight is dequantized first, as before."""
     sched = _section(graphs["sched"], name)
@@ -236,6 +245,9 @@ def test_the_products_left_as_they_were_give_the_same_values(
     rows = (rng.random((K, 1)) * 0.02 + 0.01).astype(np.float32)
     want = x32.astype(np.float64) @ (q.astype(np.float32) * rows).astype(np.float64)
     _close(_run(lib.per_row, np.float32, x32, q, rows, shape=(M, N)), want, "f32")
+    groups = (rng.random((K // 32, N)) * 0.02 + 0.01).astype(np.float32)
+    want = x32.astype(np.float64) @ _dequantized(q, groups, None, np.float32, 32)
+    _close(_run(lib.known_k, np.float32, x32, q, groups, shape=(M, N)), want, "f32")
 
     q = _weight(rng, "i4", (K, N))
     groups = (rng.random((K // 32, N)) * 0.02 + 0.01).astype(np.float32)

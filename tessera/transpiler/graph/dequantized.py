@@ -23,7 +23,8 @@ column), which load a block of ``q`` at a time, dequantize it with the same
 operations (so with the same bits) and multiply it into an f32 accumulator. Where
 ``q`` is i8 or a packed i4 of shape ``[K, N]``, ``scale`` (and the zero point) is f32
 ``[K/G, N]`` or ``[N]``, ``x`` is ``[M, K]`` or has batch dims before them, the product
-accumulates in f32 and no other op reads an intermediate. The elementwise ops after
+accumulates in f32 and no other op reads an intermediate (and ``x``'s K is the weight's
+own dim, not one that a guard checks equal at run time). The elementwise ops after
 the product (a bias, an activation, a cast) stay its epilogue, as after a ``matmul``.
 Anything else (a weight with batch dims, a per-tensor or per-row scale, an fp8 weight,
 ``x @ dequantize(...).T``, a 16-bit accumulation) keeps the two kernels: the same
@@ -91,6 +92,8 @@ def _product(op: Op, producers: dict[int, Op], uses: dict[int, int]) -> Op | Non
     if out.dtype.name != "f32" or x.type.dtype.name not in _ACTIVATIONS or b.type.rank != 2:
         return None
     k, n = b.type.dims
+    if x.type.rank < 2 or x.type.dims[-1] != k:  # a K that a guard checks: no one size
+        return None
     grouped = chain.op(b, "reshape")
     dequantized = grouped.operands[0] if grouped is not None else b
     rounded = chain.op(dequantized, "cast")
