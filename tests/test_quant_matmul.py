@@ -283,10 +283,10 @@ def test_sizes_known_when_compiling_give_the_same_values(name: str) -> None:
     _close(_run(getattr(program.load(), name), _NUMPY[out], *args, shape=(M, N)), want, out)
 
 
-@pytest.mark.parametrize("name", ["w4_groups", "w4_columns_f16"])
+@pytest.mark.parametrize("name", [n for n, spec in FUSED.items() if spec[0] == "i4"])
 def test_the_cpu_dequantizes_an_i4_weight_inside_the_product(name: str) -> None:
-    """Without zero points, the library kernel's steps are the pattern that the CPU's
-    product takes in (``tsr::mma_i4``, docs/cpu-backend.md): none is emitted."""
+    """The library kernel's steps, with zero points or without, are the pattern that the
+    CPU's product takes in (``tsr::mma_i4``, docs/cpu-backend.md): none is emitted."""
     source = tessera.compile(_signature(name, *FUSED[name]), filename="q.tsr",
                              target="cpu").source  # fmt: skip
     assert "tsr::mma_i4(" in source
