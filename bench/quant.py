@@ -2,12 +2,16 @@
 already dequantized, in one process.
 
 ``examples/quant_linear.tsr``'s ``w8a16`` (the int8 weight widened in the product's main
-loop) and the graph-level ``x @ dequantize(q, scale, dtype=bf16)`` (which dequantizes the
-weight into a bf16 temporary first), for M = 1 and 16 rows of activations and N = K =
-4096, against ``torch.matmul`` of bf16 activations by the weight dequantized to bf16
-ahead of time, and the same in f32; and ``w4a16`` (the i4 weight, packed two to a byte
-with a scale per group of 32 rows, unpacked and dequantized in the main loop) for M = 1,
-4 and 16 against the same peers. Each case is timed interleaved with its peers, median
+loop), the graph-level ``x @ dequantize(q, scale, dtype=bf16)`` (one kernel that
+dequantizes in the main loop, ``graph/dequantized.py``) and the same two steps as two
+functions (the weight dequantized into a bf16 temporary, then the library's product), for
+M = 1 and 16 rows of activations and N = K = 4096, against ``torch.matmul`` of bf16
+activations by the weight dequantized to bf16 ahead of time, and the same in f32; and
+``w4a16`` (the i4 weight, packed two to a byte with a scale per group of 32 rows,
+unpacked and dequantized in the main loop) for M = 1, 4 and 16 against the same peers.
+``--graph`` runs only the graph-level product against its two steps (W4A16 at M = 1, 2,
+4, 8 and 16, W8A16 at 1 and 16, the hand-written tile kernel and torch beside them) and
+updates its entry. Each case is timed interleaved with its peers, median
 of several runs after a warm-up; the quantized weight's bytes over the time give the
 bandwidth each reaches, beside this machine's copy bandwidth (numpy ``copyto`` of that
 many bytes): for W4A16, the fraction of the packed weight's bandwidth that a kernel
@@ -96,20 +100,89 @@ def _case(
     return case
 
 
-def _w8a16(lib: Any, graph: Any, rng: np.random.Generator) -> list[dict[str, object]]:
-    """W8A16: one scale per output channel."""
+#: ``x @ dequantize(...)`` in graph functions, W4A16 (a scale per group of 32 rows) and
+#: W8A16 (a scale per column), and their two steps as functions of their own: the
+#: weight dequantized into a bf16 temporary, then the library's product.
+GRAPH_SOURCE = """
+@kernel
+def w4a16_graph(x: Tensor["M", "K", bf16], q: Tensor["K", "N", i4],
+                s: Tensor["K/32", "N", f32]) -> Tensor["M", "N", f32]:
+    return x @ dequantize(q, s, group=32, dtype=bf16)
+
+
+@kernel
+def w8a16_graph(x: Tensor["M", "K", bf16], q: Tensor["K", "N", i8],
+                s: Tensor["N", f32]) -> Tensor["M", "N", f32]:
+    return x @ dequantize(q, s, dtype=bf16)
+
+
+@kernel
+def dequantize_i4(q: Tensor["K", "N", i4], s: Tensor["K/32", "N", f32]) -> Tensor["K", "N", bf16]:
+    return dequantize(q, s, group=32, dtype=bf16)
+
+
+@kernel
+def dequantize_i8(q: Tensor["K", "N", i8], s: Tensor["N", f32]) -> Tensor["K", "N", bf16]:
+    return dequantize(q, s, dtype=bf16)
+
+
+@kernel
+def matmul(x: Tensor["M", "K", bf16], w: Tensor["K", "N", bf16]) -> Tensor["M", "N", f32]:
+    return x @ w
+"""
+
+
+#: What the machine does to ``--graph``'s timings, recorded beside them.
+GRAPH_NOISE = (
+    "2 cores shared with other work (load_average: before and after). A descheduled "
+    "OpenMP thread holds a call up by a scheduler slice (about 4 ms), so with two threads "
+    "many medians are whole multiples of 4 ms, torch's too; the one-thread run "
+    "(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1) is the one to read. Ratios compare "
+    "functions timed interleaved in one process."
+)
+
+
+def _two_steps(dequantize: Callable[..., object], graph: Any, *weight: np.ndarray) -> Callable:
+    """``x @ dequantize(...)`` as two calls: the weight into a bf16 temporary (allocated
+    once, as the memory plan's buffer is), then the product."""
+    temporary = np.empty((SIZE, SIZE), ml_dtypes.bfloat16)
+
+    def run(x: np.ndarray, out: np.ndarray) -> None:
+        dequantize(*weight, out=temporary)
+        graph.matmul(x, temporary, out=out)
+
+    return run
+
+
+def _w8a16_weight(lib: Any, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A 4096 x 4096 int8 weight quantized with one scale per output channel."""
     w = rng.standard_normal((SIZE, SIZE)).astype(np.float32)
     scale = (np.abs(w).max(axis=0) / 127).astype(np.float32)
     q = np.zeros((SIZE, SIZE), np.int8)
     lib.quantize_weights(w, scale, out=q)
+    return q, scale
+
+
+def _w4a16_weight(lib: Any, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A 4096 x 4096 weight packed in i4, one scale per group of 32 rows."""
+    w = rng.standard_normal((SIZE, SIZE)).astype(np.float32)
+    scale = (np.abs(w).reshape(SIZE // 32, 32, SIZE).max(axis=1) / 7).astype(np.float32)
+    return lib.quantize_i4(w, scale), scale
+
+
+def _w8a16(lib: Any, graph: Any, rng: np.random.Generator) -> list[dict[str, object]]:
+    """W8A16: one scale per output channel."""
+    q, scale = _w8a16_weight(lib, rng)
     weight = torch.from_numpy(q.astype(np.float32) * scale)
+    two_steps = _two_steps(graph.dequantize_i8, graph, q, scale)
     cases = []
     for m in (1, 16):
         out = np.empty((m, SIZE), np.float32)
         ours = {
             "tessera_w8a16": lambda x, out=out: lib.w8a16(x, q, scale, out=out),
-            "tessera_dequantize_then_matmul": lambda x, out=out: graph.linear(
+            "tessera_graph_x_at_dequantize": lambda x, out=out: graph.w8a16_graph(
                 x, q, scale, out=out),
+            "tessera_dequantize_then_matmul": lambda x, out=out: two_steps(x, out),
         }  # fmt: skip
         cases.append(_case(m, ours, weight.to(torch.bfloat16), weight, q.nbytes, rng))
     return cases
@@ -117,9 +190,7 @@ def _w8a16(lib: Any, graph: Any, rng: np.random.Generator) -> list[dict[str, obj
 
 def _w4a16(lib: Any, rng: np.random.Generator) -> list[dict[str, object]]:
     """W4A16: the weight packed two to a byte, one scale per group of 32 rows."""
-    w = rng.standard_normal((SIZE, SIZE)).astype(np.float32)
-    scale = (np.abs(w).reshape(SIZE // 32, 32, SIZE).max(axis=1) / 7).astype(np.float32)
-    packed = lib.quantize_i4(w, scale)
+    packed, scale = _w4a16_weight(lib, rng)
     nibbles = np.stack([packed & 15, packed >> 4], axis=-1).reshape(SIZE, SIZE)
     q = ((nibbles.astype(np.int8) ^ 8) - 8).astype(np.float32)
     weight = torch.from_numpy(q * np.repeat(scale, 32, axis=0))
@@ -196,7 +267,69 @@ def _gemm(rng: np.random.Generator) -> dict[str, object]:
     return case
 
 
+def _graph_case(
+    m: int, fused: Callable[..., Any], two_steps: Callable[..., None], tile: Callable[..., Any],
+    q: np.ndarray, scale: np.ndarray, weight: torch.Tensor, rng: np.random.Generator,
+) -> dict[str, object]:  # fmt: skip
+    """One size: the graph-level product (one kernel), its two steps, the hand-written
+    tile kernel and torch's product by the bf16 ``weight``, once checked to agree."""
+    out = np.empty((m, SIZE), np.float32)
+    x = rng.standard_normal((m, SIZE)).astype(ml_dtypes.bfloat16)
+    x_bf16 = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
+    one = fused(x, q, scale)
+    two_steps(x, out)
+    assert np.allclose(one, out, rtol=1e-4, atol=1e-4 * np.abs(out).max())
+    seconds = _median_seconds({
+        "graph_x_at_dequantize": lambda: fused(x, q, scale, out=out),
+        "dequantize_then_matmul": lambda: two_steps(x, out),
+        "tile_kernel": lambda: tile(x, q, scale, out=out),
+        "torch_bf16_dequantized": lambda: torch.matmul(x_bf16, weight),
+    })  # fmt: skip
+    return {
+        "m": m, "n": SIZE, "k": SIZE,
+        "ms": {k: round(v * 1e3, 3) for k, v in seconds.items()},
+        "weight_gb_per_s": {k: round(q.nbytes / v / 1e9, 2) for k, v in seconds.items()},
+        "ratio_two_steps_over_one_kernel": round(
+            seconds["dequantize_then_matmul"] / seconds["graph_x_at_dequantize"], 3),
+    }  # fmt: skip
+
+
+def _graph_level(lib: Any, graph: Any, rng: np.random.Generator) -> dict[str, object]:
+    """The graph-level ``x @ dequantize(...)`` (one kernel) against its two steps (the
+    temporary, then the product), the hand-written tile kernel and torch beside them; the
+    ratio is the two steps' time over the one kernel's."""
+    found: dict[str, object] = {}
+    for name, (make, dequantize, tile, fused, sizes) in {
+        "w4a16_group_32": (_w4a16_weight, graph.dequantize_i4, lib.w4a16, graph.w4a16_graph,
+                           (1, 2, 4, 8, 16)),
+        "w8a16_per_column": (_w8a16_weight, graph.dequantize_i8, lib.w8a16, graph.w8a16_graph,
+                             (1, 16)),
+    }.items():  # fmt: skip
+        q, scale = make(lib, rng)
+        weight = np.empty((SIZE, SIZE), ml_dtypes.bfloat16)
+        dequantize(q, scale, out=weight)
+        weight_bf16 = torch.from_numpy(weight.astype(np.float32)).to(torch.bfloat16)
+        two_steps = _two_steps(dequantize, graph, q, scale)
+        found[name] = []
+        for m in sizes:
+            case = _graph_case(m, fused, two_steps, tile, q, scale, weight_bf16, rng)
+            print(json.dumps({name: case}))
+            found[name].append(case)
+    return found
+
+
 def main() -> None:
+    if "--graph" in sys.argv[1:]:
+        load_before = os.getloadavg()[0]
+        result = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        lib = tessera.compile_file(ROOT / "examples" / "quant_linear.tsr", target="cpu").load()
+        graph = tessera.compile(GRAPH_SOURCE, filename="graph.tsr", target="cpu").load()
+        threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
+        result[f"graph_level_{threads}_threads"] = {
+            **_graph_level(lib, graph, np.random.default_rng(0)), "runs": RUNS,
+            "machine": machine(load_before), "noise": GRAPH_NOISE}  # fmt: skip
+        write_file(RESULTS, json.dumps(result, indent=2) + "\n")
+        return
     if "--gemm" in sys.argv[1:]:
         load_before = os.getloadavg()[0]
         result = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
@@ -208,13 +341,7 @@ def main() -> None:
         write_file(RESULTS, json.dumps(result, indent=2) + "\n")
         return
     lib = tessera.compile_file(ROOT / "examples" / "quant_linear.tsr", target="cpu").load()
-    graph = tessera.compile(
-        "@kernel\ndef linear(x: Tensor['M', 'K', bf16], w: Tensor['K', 'N', i8], "
-        "s: Tensor['N', f32]) -> Tensor['M', 'N', f32]:\n"
-        "    return x @ dequantize(w, s, dtype=bf16)\n",
-        filename="linear.tsr",
-        target="cpu",
-    ).load()
+    graph = tessera.compile(GRAPH_SOURCE, filename="graph.tsr", target="cpu").load()
     rng = np.random.default_rng(0)
     load_before = os.getloadavg()[0]  # other work on the machine stretches every timing
     w8a16 = _w8a16(lib, graph, rng)

@@ -291,6 +291,40 @@ def _gemm_inputs(dtype: Any) -> Callable[[np.random.Generator], dict[str, Any]]:
     return lambda rng: {"A": _normal(rng, (M, K), dtype), "B": _normal(rng, (K, N), dtype, 0.3)}
 
 
+def _dequant_inputs(group: int | None, packed: bool, k: int) -> Callable[..., dict[str, Any]]:
+    """Inputs of the library's ``gemm_dequant`` (``group`` None: a scale and a zero point
+    per column) or ``gemm_dequant_grouped``: bf16 activations, a weight of i4 values
+    (``packed``: two to a byte, as an i4 tensor is passed) or i8 ones, f32 scales and
+    integral zero points."""
+
+    def make(rng: np.random.Generator) -> dict[str, Any]:
+        bound = 8 if packed else 128
+        q = rng.integers(-bound, bound, (k, N)).astype(np.int8)
+        shape = (k // group, N) if group else (N,)
+        nibbles = q.astype(np.uint8) & 15
+        return {"a": _normal(rng, (M, k), BF16),
+                "q": nibbles[:, 0::2] | nibbles[:, 1::2] << 4 if packed else q,
+                "scale": (rng.random(shape) * 0.02 + 0.01).astype(np.float32),
+                "zero_point": rng.integers(-3, 4, shape).astype(np.float32),
+                "with_zero_point": True}  # fmt: skip
+
+    return make
+
+
+def _dequant_product(a: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``a @ dequantize(q, scale, zero_point, dtype=bf16)`` in float64, the weight rounded
+    to bf16 as ``dequantize`` rounds it (``docs/numerics.md``)."""
+    q, scale, zero = a["q"], a["scale"], a["zero_point"]
+    if q.dtype == np.uint8:  # packed i4: element 2j in the low nibble of byte j
+        nibbles = np.stack([q & 15, q >> 4], axis=-1).reshape(q.shape[0], -1)
+        q = (nibbles.astype(np.int8) ^ 8) - 8
+    if scale.ndim == 2:
+        group = q.shape[0] // scale.shape[0]
+        scale, zero = np.repeat(scale, group, axis=0), np.repeat(zero, group, axis=0)
+    w = ((q.astype(np.float32) - zero) * scale).astype(BF16)
+    return {"out": f64(a["a"]) @ f64(w)}
+
+
 def _qkv(shape: tuple[int, ...], names: str = "QKV") -> Callable[[np.random.Generator], dict]:
     return lambda rng: {n: _normal(rng, shape, BF16) for n in names}
 
@@ -351,6 +385,10 @@ CASES = (
     Case("tessera/stdlib/gemm_nt.tsr", "gemm_nt",
          lambda rng: {"a": _normal(rng, (M, K), BF16), "b": _normal(rng, (N, K), BF16)},
          lambda a: {"out": f64(a["a"]) @ f64(a["b"]).T}, 1e-5),
+    Case("tessera/stdlib/gemm_dequant.tsr", "gemm_dequant", _dequant_inputs(None, False, K),
+         _dequant_product, 1e-5),
+    Case("tessera/stdlib/gemm_dequant_grouped.tsr", "gemm_dequant_grouped",
+         _dequant_inputs(32, False, 160), _dequant_product, 1e-5),
     Case("tessera/stdlib/flash_attention.tsr", "flash_attention",
          lambda rng: {**_qkv((B * H, S, D), "qkv")(rng), "causal": True, "scale": 0.2},
          lambda a: {"out": attention(a["q"], a["k"], a["v"], causal=True, scale=0.2)}),

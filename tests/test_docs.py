@@ -133,6 +133,13 @@ def _hip_attention_plan() -> dict[str, int]:
             "smem": launch.smem_bytes}  # fmt: skip
 
 
+#: Activations by an i4 weight with a scale and a zero point per group of 32 rows, and
+#: by an i8 weight with a scale per row (a form the product does not dequantize itself).
+DEQUANTIZED = (
+    'x: Tensor["M", "K", bf16], q: Tensor["K", "N", i4], s: Tensor["K/32", "N", f32], '
+    'z: Tensor["K/32", "N", f32]'
+)
+PER_ROW = 'x: Tensor["M", "K", bf16], q: Tensor["K", "N", i8], r: Tensor["K", 1, f32]'
 VECTOR = 'v: Tensor["N", f32]'
 MATRIX = 'x: Tensor["R", "C", f32]'
 WHERE = f'{MATRIX}, b: Tensor["C", f32], y: Tensor["R", "C", f32]'
@@ -195,6 +202,16 @@ FIGURES = [
     Figure("docs/tile-ir.md", "decode's {n} kernels", lambda: len(_decode_kernels())),
     Figure("examples/optimizer_step.tsr", "in the same pass, {n} elementwise kernel",
            lambda: _launches("examples/optimizer_step.tsr", "adamw_bf16").count("elementwise")),
+    Figure("docs/numerics.md", "weight `q` of shape `[K, N]` is {n} kernel",
+           lambda: len(_launches(_snippet(DEQUANTIZED, "x @ dequantize(q, s, zero_point=z, "
+                                          "group=32, dtype=bf16)")))),
+    Figure("docs/ops.md", "``x @ dequantize(q, ...)`` of an i8 or i4 weight is {n} kernel",
+           lambda: len(_launches(_snippet(DEQUANTIZED, "x @ dequantize(q, s, group=32, "
+                                          "dtype=bf16)")))),
+    Figure("docs/numerics.md", "The forms it does not take keep the {n} kernels of before",
+           lambda: len(_launches(_snippet(PER_ROW, "x @ dequantize(q, r, dtype=bf16)")))),
+    Figure("examples/quant_linear.tsr", "(as GPTQ and AWQ store them): {n} library kernel",
+           lambda: len(_launches("examples/quant_linear.tsr", "linear_per_group"))),
 ]  # fmt: skip
 
 

@@ -399,6 +399,7 @@ def test_pass_order() -> None:
         "canonicalize",
         "simplify",
         "attention",
+        "dequantized",
         "fuse",
     ]
 

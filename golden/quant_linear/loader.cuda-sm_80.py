@@ -168,20 +168,12 @@ def linear_per_group(
     else:
         out = _tensor("linear_per_group", "out", out, "float32", 2)
         _shape("linear_per_group", "out", out, "[M, N]", (M, N))
-    t4 = cupy.empty(max(1, 2 * K * N), dtype="uint8")
     _launch(
-        "linear_per_group_k0",
-        (-(-32 // 4), K // 32),
+        "linear_per_group",
+        (-(-N // 64), -(-M // 128)),
         128,
-        0,
-        (w, scale, t4, cupy.int64(K), cupy.int64(N)),
-    )
-    _launch(
-        "linear_per_group_k1",
-        (-(-N // 128), -(-M // 128)),
-        128,
-        49152,
-        (t4, x, out, cupy.int64(K), cupy.int64(N), cupy.int64(M)),
+        24576,
+        (x, w, scale, out, cupy.int64(M), cupy.int64(K), cupy.int64(N)),
     )
     return out
 
@@ -260,8 +252,8 @@ def w4a16(
         _shape("w4a16", "out", out, "[M, N]", (M, N))
     _launch(
         "w4a16",
-        (-(-N // 128), -(-M // 128)),
-        256,
+        (-(-N // 64), -(-M // 128)),
+        128,
         24576,
         (x, w, scale, out, cupy.int64(M), cupy.int64(K), cupy.int64(N)),
     )

@@ -886,27 +886,42 @@ inline void unpack_i4(i32xN (&q)[2], const i4* row, std::index_sequence<L...>) {
   }
 #endif
 }
-template <typename Round>
-inline void dequantize_panel_row(float* out, const i4* row, const float* scale, Round round) {
+// With zero points (`Shifted`: `zero`, one per column), each element less its zero point
+// before the scale: (q - zero) * scale, both steps rounded to f32 as dequantize's are.
+template <bool Shifted, typename Round>
+inline void dequantize_panel_row(float* out, const i4* row, const float* scale,
+                                 const float* zero, Round round) {
   i32xN q[2];
   unpack_i4(q, row, std::make_index_sequence<kLanes>{});
   for (int h = 0; h < 2; ++h) {
     f32xN s;
     std::memcpy(&s, scale + h * kLanes, sizeof s);
-    const f32xN x = __builtin_convertvector(q[h], f32xN) * s;
+    f32xN x = __builtin_convertvector(q[h], f32xN);
+    if constexpr (Shifted) {
+      f32xN z;
+      std::memcpy(&z, zero + h * kLanes, sizeof z);
+      x -= z;
+    }
+    x *= s;
     std::memcpy(out + h * kLanes, &x, sizeof x);
   }
 #pragma omp simd
   for (int l = 0; l < kPanel; ++l) out[l] = round(out[l]);
 }
 
-// One row of a panel of mma_i4's weight into memory: `cols` elements of an i4 row, times
-// their scales, rounded, and zeros up to kPanel.
+// One row of a panel of mma_i4's weight into memory: `cols` elements of an i4 row, less
+// their zero points (if `zero`), times their scales, rounded, and zeros up to kPanel.
 template <typename Round>
-inline void dequantize_row(float* out, i4_view row, const float* scale, i64 cols, Round round) {
-  if (cols == kPanel && !(row.at & 1))
-    return dequantize_panel_row(out, row.bytes + (row.at >> 1), scale, round);
+inline void dequantize_row(float* out, i4_view row, const float* scale, const float* zero,
+                           i64 cols, Round round) {
+  if (cols == kPanel && !(row.at & 1)) {
+    if (zero != nullptr) return dequantize_panel_row<true>(out, row.bytes + (row.at >> 1),
+                                                           scale, zero, round);
+    return dequantize_panel_row<false>(out, row.bytes + (row.at >> 1), scale, zero, round);
+  }
   widen_row(out, row, cols);
+  if (zero != nullptr)
+    for (i64 q = 0; q < cols; ++q) out[q] -= zero[q];
   for (i64 q = 0; q < cols; ++q) out[q] *= scale[q];
   std::fill(out + cols, out + kPanel, 0.0f);
 #pragma omp simd
@@ -918,14 +933,15 @@ inline void dequantize_row(float* out, i4_view row, const float* scale, i64 cols
 // the same order as mma_block's over a dequantized panel. For few rows of a (a decode
 // step, a small batch) a whole panel's trip through memory, a store and a load of every
 // element for R FMAs, cost more than the products.
-template <int R, typename Round>
+template <int R, bool Shifted, typename Round>
 inline void mma_i4_block(float* out, const float* a, const i4* w, i64 row_bytes,
-                         const float* scale, Round round, i64 ld_out, i64 ld_a, i64 k) {
+                         const float* scale, const float* zero, Round round, i64 ld_out,
+                         i64 ld_a, i64 k) {
   f32xN c[R][2];
   for (int r = 0; r < R; ++r) std::memcpy(c[r], out + r * ld_out, sizeof c[r]);
   for (i64 p = 0; p < k; ++p) {
     float row[kPanel];
-    dequantize_panel_row(row, w + p * row_bytes, scale, round);
+    dequantize_panel_row<Shifted>(row, w + p * row_bytes, scale, zero, round);
     f32xN b[2];
     std::memcpy(&b[0], row, sizeof b[0]);
     std::memcpy(&b[1], row + kLanes, sizeof b[1]);
@@ -940,7 +956,8 @@ inline void mma_i4_block(float* out, const float* a, const i4* w, i64 row_bytes,
 
 // mma with b the window of an i4 tensor from row r0 and column c0 (`ld_w` elements a row,
 // none read at or past row rmax or column cmax), dequantized as the product reads it:
-// round(q * scale[j]), `round` rounding to the dtype the program casts the weight to.
+// round(q * scale[j]), or round((q - zero[j]) * scale[j]) with zero points (`zero` not
+// null), `round` rounding to the dtype the program casts the weight to.
 // With at most kRows live rows of a, one row block, each whole panel of b's columns is
 // dequantized as the block reads it, a row at a time (mma_i4_block). Otherwise, and for a
 // ragged last panel, one panel at a time is dequantized into k x kPanel floats that stay
@@ -949,8 +966,8 @@ inline void mma_i4_block(float* out, const float* a, const i4* w, i64 row_bytes,
 // result has the bits of the program that dequantizes the whole block first.
 template <typename Round>
 inline void mma_i4(float* out, const float* a, i4_view w, i64 ld_w, i64 r0, i64 c0, i64 rmax,
-                   i64 cmax, const float* scale, Round round, const float* acc, i64 M, i64 N,
-                   i64 m, i64 n, i64 k, i64 ld_a) {
+                   i64 cmax, const float* scale, const float* zero, Round round,
+                   const float* acc, i64 M, i64 N, i64 m, i64 n, i64 k, i64 ld_a) {
   n = std::max<i64>(0, std::min(n, cmax - c0));
   k = std::max<i64>(0, std::min(k, rmax - r0));
   start_product<false>(out, acc, M, N, m, n);
@@ -969,15 +986,21 @@ inline void mma_i4(float* out, const float* a, i4_view w, i64 ld_w, i64 r0, i64 
   for (i64 j = 0; j < n; j += kPanel) {
     const i64 cols = std::min(kPanel, n - j);
     if (in_registers && cols == kPanel && m > 0) {
+      const i4* panel_bytes = window.bytes + ((window.at + j) >> 1);
       with_rows(m, [&](auto rows) {
-        mma_i4_block<decltype(rows)::value>(out + j, a, window.bytes + ((window.at + j) >> 1),
-                                            ld_w >> 1, scale + j, round, N, ld_a, k);
+        constexpr int R = decltype(rows)::value;
+        if (zero != nullptr)
+          mma_i4_block<R, true>(out + j, a, panel_bytes, ld_w >> 1, scale + j, zero + j, round,
+                                N, ld_a, k);
+        else
+          mma_i4_block<R, false>(out + j, a, panel_bytes, ld_w >> 1, scale + j, nullptr, round,
+                                 N, ld_a, k);
       });
       continue;
     }
     for (i64 p = 0; p < k; ++p)
       dequantize_row(&panel[static_cast<std::size_t>(p * kPanel)], window + p * ld_w + j,
-                     scale + j, cols, round);
+                     scale + j, zero ? zero + j : nullptr, cols, round);
     for (i64 i = 0; i < m; i += kRows)
       with_rows(m - i, [&](auto rows) {
         constexpr int R = decltype(rows)::value;

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from .attention import recognize_attention
 from .canonicalize import canonicalize
+from .dequantized import dequantized_products
 from .fusion import fuse
 from .ir import GraphModule
 from .rows import recognize_rows
@@ -24,6 +25,7 @@ GRAPH_PASSES: list[tuple[str, GraphPass]] = [
     ("canonicalize", canonicalize),
     ("simplify", simplify),
     ("attention", recognize_attention),
+    ("dequantized", dequantized_products),
     ("fuse", fuse),
 ]
 

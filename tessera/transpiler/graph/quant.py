@@ -65,8 +65,10 @@ def _quantize(call: OpCall) -> object:
     P("group", None, keyword_only=True), P("dtype", None, keyword_only=True),
 )  # fmt: skip
 def _dequantize(call: OpCall) -> object:
-    """``(q - zero_point) * scale`` in f32, as ``dtype`` (f32 unless given): ``q`` an i8
-    or fp8 tensor, ``scale`` shaped as ``quantize``'s."""
+    """``(q - zero_point) * scale`` in f32, as ``dtype`` (f32 unless given): ``q`` an i8,
+    i4 or fp8 tensor, ``scale`` shaped as ``quantize``'s. ``x @ dequantize(q, ...)`` of
+    an i8 or i4 weight is one kernel that dequantizes it a block at a time in the
+    product's main loop, with the same bits (``docs/numerics.md``)."""
     q = call.tensor("q")
     if q.type.dtype.name not in QUANTIZED:
         raise call.error(

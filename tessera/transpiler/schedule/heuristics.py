@@ -43,6 +43,18 @@ _GEMM = {
     # 512, and sizes are rarely known here: a 512 x 256 product would use one core of two.
     "cpu": [(256, 256, 1024, 1, 1)],
 }
+# A product whose operand the kernel dequantizes in registers (an i8 or i4 weight widened
+# and scaled where its mma fragments read it: w4a16, the library's gemm_dequant kernels)
+# holds the loaded integers, scales and addresses beside its accumulators. With the
+# tables' tiles, 20 of 88 such compilations (44 kernels: i8 and i4; bf16, f16 and f32
+# activations; zero points or not; groups of 32 to 128 rows or a scale per column; each
+# for both archs) spilled, up to 232 bytes on sm_90a; 128 x 64 on 4 warps spilled in
+# none, with 3 stages on sm_80 and 2 on sm_90a (nvcc 13.0; 3 on sm_90a, or 2 on sm_80,
+# left a 4-byte spill in one to three of them).
+_DEQUANTIZED_GEMM = {
+    "sm_80": [(128, 64, 64, 4, 3), (64, 64, 64, 4, 3)],
+    "sm_90a": [(128, 64, 128, 4, 2), (64, 64, 128, 4, 2)],
+}
 # (block_m queries, block_n keys, warps, stages) per family, for head dims up to 64 and 128.
 _ATTENTION = {
     "sm_80": {64: (128, 64, 4, 2), 128: (128, 32, 8, 2), 256: (64, 32, 4, 2)},
@@ -102,7 +114,10 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
     if kind == "gemm":
         # On GPUs, f32 operands keep tiles at most 128 wide: at 128 x 256 on sm_90a, a
         # fused SiLU epilogue put 512 bytes of a tf32 product's accumulators on the stack.
-        shapes = [t for t in _GEMM[_family(hw)]
+        table = _GEMM[_family(hw)]
+        if problem.dequantized:
+            table = _DEQUANTIZED_GEMM.get(_family(hw), table)
+        shapes = [t for t in table
                   if hw.kind != "gpu" or problem.bytes < 4 or t[1] <= 128]  # fmt: skip
         return [
             {**base, "block_m": m, "block_n": n, "block_k": max(8, k // problem.bytes),

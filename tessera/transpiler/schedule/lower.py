@@ -485,8 +485,8 @@ class _Scheduler:
             )
             return Problem("tile", dtype, dims[0], shape="elementwise")
         if any(op.kind == "tile.dot" for op in ops):
-            return Problem("tile", dtype, dims[-2], dims[-1], loop, d=head,
-                           batch=dims[:-2], shape="gemm")  # fmt: skip
+            return Problem("tile", dtype, dims[-2], dims[-1], loop, d=head, batch=dims[:-2],
+                           shape="gemm", dequantized=_dequantizes(ops))  # fmt: skip
         if len(dims) >= 2 and "T.n" in tiles and loop is not None:
             # Blocks of T.m columns that walk every row, T.n at a time, without a product
             # (norm_param_grad's column sums): the result's rows are the columns.
@@ -729,6 +729,28 @@ def _loop_steps(program: Function) -> frozenset[str]:
     """The tile sizes a tile kernel's ``tile.range_n`` loops step by."""
     return frozenset(s for op in walk(program.body) if op.kind == "tile.for"
                      for s in op.attr("block").symbols() if s.startswith("T."))  # fmt: skip
+
+
+def _dequantizes(ops: list[Op]) -> bool:
+    """Whether a tile kernel widens an integer tile that it loads into floats and scales
+    them before a product: a weight dequantized in the main loop (``w4a16``, the
+    library's ``gemm_dequant``), which the product then reads from registers.
+    (``w8a16`` only widens its weight, and scales the accumulator after the loop.)"""
+    loaded = {op.result.id for op in ops if op.kind == "tile.load"}
+    derived = {
+        op.result.id for op in ops
+        if op.kind == "tile.cast" and op.operands[0].id in loaded
+        and not op.operands[0].type.dtype.is_float and op.result.type.dtype.is_float
+    }  # fmt: skip
+    grown = True
+    while grown:  # through the ops after the widening (an ``if``'s, by what it yields)
+        before = len(derived)
+        for op in ops:
+            reads = {v.id for v in op.operands} | {v.id for r in op.regions for v in r.yields}
+            if op.kind != "tile.dot" and reads & derived:
+                derived |= {r.id for r in op.results}
+        grown = len(derived) > before
+    return any(op.kind == "mul" and derived & {v.id for v in op.operands} for op in ops)
 
 
 def _tile_dims(program: Function) -> frozenset[str]:

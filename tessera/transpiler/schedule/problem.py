@@ -37,6 +37,9 @@ class Problem:
     batch: tuple[Dim, ...] = ()
     shape: str | None = None
     held: int = 1
+    #: Whether a tile kernel's product reads an operand that it widens in registers from
+    #: an integer load (a weight dequantized in the main loop), not through shared memory.
+    dequantized: bool = False
 
     @property
     def bytes(self) -> int:

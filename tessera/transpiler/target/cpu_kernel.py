@@ -1122,7 +1122,8 @@ class _Emitter:
         self.line(f"{function}({', '.join(args)});")
 
     def _dequantized_product(self, op: Op, out: str, acc: str) -> None:
-        """An ``mma`` whose right operand is an i4 weight dequantized as it is read."""
+        """An ``mma`` whose right operand is an i4 weight dequantized as it is read (less
+        its zero points, where the kernel subtracts some)."""
         a, b = op.operands[:2]
         chain = self.dequantized[b.id]
         window = self._window(chain.load.operands[0], chain.load.attr("at"))
@@ -1132,8 +1133,9 @@ class _Emitter:
         round_b = (
             f"[](float x) {{ return {rounding}(x); }}" if rounding else "[](float x) { return x; }"
         )
-        args = (out, self.name(a), *window, self.name(chain.scale), round_b, acc, *sizes[:2],
-                m, n, k, self.strides.get(a.id, sizes[2]))  # fmt: skip
+        zero = self.name(chain.zero) if chain.zero is not None else "nullptr"
+        args = (out, self.name(a), *window, self.name(chain.scale), zero, round_b, acc,
+                *sizes[:2], m, n, k, self.strides.get(a.id, sizes[2]))  # fmt: skip
         self.line(f"tsr::mma_i4({', '.join(args)});")
 
     def _narrow_product(self, op: Op, out: str, acc: str | None) -> None:

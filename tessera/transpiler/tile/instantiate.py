@@ -1,41 +1,30 @@
 """Instantiate a tile kernel for a fused Graph IR group: the standard library's, or the
-file's own that a graph function calls (``tile_call``).
+one that a ``tile_call`` runs (the file's own kernel that a graph function calls, or a
+library kernel that a graph pass calls, ``graph.dequantized``).
 
-The library's kernels (``tessera/stdlib/*.tsr``) are written once, for one
-representative dtype. A group anchored at ``matmul``, ``flash_attention``,
-``softmax``, ``layernorm``, ``rmsnorm`` or ``rotary_embedding`` gets the
-kernel re-typed for its operands: the parameter annotations are replaced by
-the operands' actual types (dims, dtype, policies) and the result's by the
-anchor's, and the kernel goes through semantic analysis again, so every
-dtype rule applies as if the user had written it. The group's other ops
-(bias, activation, residual, cast) become the epilogue, applied to the
-result tile before it is stored. Elementwise ops that compute the anchor's
-first operand (``softmax(x * scale)``) become its prologue, applied where
-the kernel loads that operand; a group of elementwise ops alone is the
-prologue of the ``elementwise`` kernel, which only loads it. A call of the
-file's own tile kernel was typed for its arguments when it was analysed; its
-group's elementwise ops after it are its epilogue likewise.
+A group anchored at ``matmul``, ``flash_attention``, ``softmax``, ``layernorm``,
+``rmsnorm`` or ``rotary_embedding`` gets its library kernel typed for its operands
+(``graph.library.stdlib_kernel``). The group's other ops (bias, activation, residual,
+cast) become the epilogue, applied to the result tile before it is stored. Elementwise
+ops that compute the anchor's first operand (``softmax(x * scale)``) become its
+prologue, applied where the kernel loads that operand; a group of elementwise ops alone
+is the prologue of the ``elementwise`` kernel, which only loads it. The kernel that a
+``tile_call`` runs was typed for its arguments when the call was made; its group's
+elementwise ops after it are its epilogue likewise.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from importlib import resources
 from typing import Any
 
-from ..frontend import ast
-from ..frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Note, Severity
-from ..frontend.kept_parse import parse_library_file
-from ..graph.annotations import resolve_result, resolve_type, typed_for_caller
 from ..graph.dims import Dim
 from ..graph.dtypes import DType
 from ..graph.graph_ops import DRAWN, rows_permuted, view_starts
 from ..graph.ir import Function, Op, Value, new_value
-from ..graph.sema import analyze
-from ..graph.types import ScalarType, TensorType, TileType, in_memory, result_types
-from ..options import Options
+from ..graph.library import TEMPLATE_PARAMS, stdlib_kernel
+from ..graph.types import ScalarType, TensorType, TileType, in_memory
 from .ir import Access, Axis
 from .lower import KernelInput, Prologue, View
 from .rewrite import rewrite
@@ -44,112 +33,6 @@ __all__ = [
     "TEMPLATE_PARAMS", "stdlib_kernel", "instantiate", "chain_builder", "kept_axis_dropped",
     "merged_rows", "rows_permuted_load", "view_of",
 ]  # fmt: skip
-
-#: The library kernel each anchor op instantiates: (file, tensor parameters).
-TEMPLATE_PARAMS = {
-    "gemm": ("a", "b"),
-    "gemm_nt": ("a", "b"),
-    "flash_attention": ("q", "k", "v"),
-    "softmax": ("x",),
-    "log_softmax": ("x",),
-    "layernorm": ("x", "weight", "bias"),
-    "rmsnorm": ("x", "weight"),
-    "rotary_embedding": ("x", "cos", "sin"),
-    "elementwise": ("x",),
-    "transpose": ("x",),
-    "row_sum": ("x",),
-    "row_mean": ("x",),
-    "row_max": ("x",),
-    "logsumexp": ("x",),
-    "take_along_axis": ("x", "index"),
-    "put_along_axis": ("x", "index", "values"),
-    "scatter_add": ("x", "index", "values"),
-    "pad": ("g", "like"),
-    "attention_stats": ("q", "k", "v", "do"),
-    "attention_dq": ("q", "k", "v", "do", "stats"),
-    "attention_dkdv": ("q", "k", "v", "do", "stats"),
-    "softmax_grad": ("y", "g"),
-    "log_softmax_grad": ("y", "g"),
-    "layernorm_grad": ("x", "weight", "g"),
-    "rmsnorm_grad": ("x", "weight", "g"),
-    "norm_param_grad": ("x", "g", "stats"),
-}
-
-
-@functools.cache
-def _stdlib_module(template: str) -> ast.Module:
-    text = resources.files("tessera.stdlib").joinpath(f"{template}.tsr").read_text("utf-8")
-    return parse_library_file(f"tessera/stdlib/{template}.tsr", text)
-
-
-@functools.cache
-def _declared_types(template: str) -> tuple[dict[str, Any], tuple[Any, ...]]:
-    """The library kernel's parameter and result types as it declares them, in its own
-    sizes (``a: [M, K]``), by parameter name, for ``FixedSizes``."""
-    (fn,) = _stdlib_module(template).functions()
-    params = {p.name: resolve_type(p.annotation, {}) for p in fn.params if p.annotation}
-    return params, result_types(resolve_result(fn.returns, {}))
-
-
-def stdlib_kernel(
-    template: str, operands: tuple[TensorType, ...], results: tuple[TensorType, ...],
-    span: Any, names: tuple[str, ...],
-) -> Function:  # fmt: skip
-    """The library kernel ``template`` typed for ``operands`` and ``results`` (one, or
-    several for a kernel that returns several tiles); ``names`` are the tensor
-    parameters they are. A parameter the op leaves out (a norm's weight or bias) is
-    typed as a vector along the first operand's last dim: the analyser checks both
-    sides of the kernel's ``with_`` branches, though one never runs. An op of fewer
-    results than the kernel returns takes its first ones (``layernorm_grad``'s dx
-    without the row statistics): the others are neither computed nor stored."""
-    try:
-        return _typed_kernel(template, operands, results, names)
-    except CompileError as exc:
-        first = exc.diagnostics[0]
-        message = (
-            f"the standard library's {template} kernel does not accept these operands: "
-            f"{first.message}"
-        )
-        note = Note(f"operands: {', '.join(str(t) for t in operands)}")
-        raise CompileError((Diagnostic(Severity.ERROR, message, span, (note,)),)) from None
-
-
-@functools.lru_cache(maxsize=512)
-def _typed_kernel(
-    template: str, operands: tuple[TensorType, ...], results: tuple[TensorType, ...],
-    names: tuple[str, ...],
-) -> Function:  # fmt: skip
-    """``stdlib_kernel``'s analysed function, made once for each typing: a file's
-    functions that call one another instantiate the same kernels for the same types
-    (each is a tenth of a kernel's compile time). The IR is immutable, so the kernels
-    lowered from it may share it."""
-    (fn,) = _stdlib_module(template).functions()
-    fn = _first_results(fn, len(results))
-    typed = dict(zip(names, operands, strict=True))
-    first = operands[0]
-    absent = TensorType((first.dims[-1],), first.dtype)
-    typed.update((n, absent) for n in TEMPLATE_PARAMS[template] if n not in typed)
-    sizes = frozenset(s for t in (*operands, *results) for d in t.dims for s in d.symbols())
-    # the library's own names for the sizes that the caller fixes (gemm's K of 256)
-    declared, declared_results = _declared_types(template)
-    fn, fixed = typed_for_caller(fn, declared, declared_results, typed, results, sizes)
-    diags = Diagnostics()
-    options = Options(defines=tuple(sorted(fixed.items())))
-    module = analyze(ast.Module((fn,), span=fn.span), options, diags, sizes)
-    diags.check()
-    return module.functions[0]
-
-
-def _first_results(fn: ast.FunctionDef, count: int) -> ast.FunctionDef:
-    """``fn`` returning the first ``count`` of the tiles its last statement, the library
-    kernel's one ``return``, returns."""
-    *body, last = fn.body
-    assert isinstance(last, ast.Return), fn.name
-    if not isinstance(last.value, ast.TupleExpr) or len(last.value.elts) == count:
-        return fn
-    kept = last.value.elts[:count]
-    value = kept[0] if count == 1 else dataclasses.replace(last.value, elts=kept)
-    return dataclasses.replace(fn, body=(*body, dataclasses.replace(last, value=value)))
 
 
 def instantiate(
@@ -184,10 +67,11 @@ def instantiate(
 
 
 def _called_kernel(anchor: Op, rename: dict[int, Value]) -> tuple[Function, dict[int, Any]]:
-    """The file's tile kernel that a ``tile_call`` runs, typed for its arguments when it
-    was analysed (``TileCallee``), and its parameters bound: each argument the op reads
-    to the kernel parameter it maps to, each number (a scalar given as a constant, or a
-    default) to itself."""
+    """The tile kernel that a ``tile_call`` runs, typed for its arguments when the call
+    was made (``TileCallee``), and its parameters bound: each argument the op reads to
+    the kernel parameter it maps to, each number (a scalar given as a constant, or a
+    default) to itself, and a tensor the call leaves out (``constants`` maps it to None:
+    a library kernel's absent zero points) to nothing."""
     fn = anchor.attr("kernel").function
     read = dict(zip(anchor.attr("params"), anchor.operands, strict=True))
     numbers = dict(anchor.attr("constants"))
