@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,8 @@ import pytest
 import tessera
 from tessera.bytecode import compiled
 from tessera.cachedir import private_cache_dir
-from tessera.transpiler.frontend import kept_parse
+from tessera.transpiler.frontend import kept_parse, parser
+from tessera.transpiler.pipeline import InternalCompilerError
 
 from .conftest import ROOT
 
@@ -61,25 +63,42 @@ def test_a_compilation_loads_only_its_own_backend(tmp_path: Path) -> None:
     assert "tessera.transpiler.target.cpu" not in opencl
 
 
+def _parsing(code: str, cache: Path) -> set[str]:
+    """The modules a run of ``code`` loads where it parses its file: with the file's
+    kept tree (``kept_parse``) removed first."""
+    shutil.rmtree(cache / "parsed", ignore_errors=True)
+    return _modules_after(code, cache)
+
+
 def test_the_parser_is_kept_and_a_damaged_copy_is_rebuilt(tmp_path: Path) -> None:
-    """The first run writes Lark's stand-alone parser for the grammar; later runs
-    import it and not the lark package; a damaged copy is replaced."""
+    """The first run writes Lark's stand-alone parser for the grammar; later runs that
+    parse import it and not the lark package; a damaged copy is replaced."""
     code = "import tessera\nprint(tessera.compile_file('examples/mlp.tsr').inspect_ir('graph'))"
     assert "lark" in _modules_after(code, tmp_path)
     (kept,) = (tmp_path / "parser").glob("tessera_lalr_*.py")
     assert (tmp_path / "parser").stat().st_mode & 0o777 == 0o700
-    assert "lark" not in _modules_after(code, tmp_path)
+    loaded = _parsing(code, tmp_path)
+    assert "lark" not in loaded and "tessera.transpiler.frontend.lark_runtime" in loaded
     for damage in ("not a parser\n", "Token = 1\n"):
         kept.write_text(damage)
-        _modules_after(code, tmp_path)  # check=True: the compilation still succeeds
+        _parsing(code, tmp_path)  # check=True: the compilation still succeeds
         assert not kept.exists()
-        _modules_after(code, tmp_path)
+        _parsing(code, tmp_path)
         assert "Lark_StandAlone" in kept.read_text()
     # its compiled code is kept beside it, and read, not written, by the next run
     (code_file,) = (tmp_path / "parser").glob("tessera_lalr_*.code")
     inode = code_file.stat().st_ino
-    assert "lark" not in _modules_after(code, tmp_path)
+    assert "lark" not in _parsing(code, tmp_path)
     assert code_file.stat().st_ino == inode
+
+
+def test_a_file_parsed_before_loads_no_parser(tmp_path: Path) -> None:
+    """Its tree and the library's are kept: a second run of the same file loads
+    neither the parser's tables nor the modules that drive them."""
+    code = "import tessera\ntessera.compile_file('examples/mlp.tsr', target='cuda').source"
+    assert "tessera.transpiler.frontend.lark_runtime" in _modules_after(code, tmp_path)
+    loaded = _modules_after(code, tmp_path)
+    assert not {m for m in loaded if m.endswith(("lark_runtime", "frontend.parser"))}
 
 
 def test_without_a_private_folder_the_lark_package_parses(tmp_path: Path) -> None:
@@ -109,6 +128,10 @@ def test_public_names_resolve_on_first_use() -> None:
         _ = tessera.compiles
 
 
+def _no_parsing(*_: object) -> None:
+    raise AssertionError("parsed again")
+
+
 def test_library_trees_are_kept_and_a_stale_or_damaged_copy_is_parsed_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,20 +139,48 @@ def test_library_trees_are_kept_and_a_stale_or_damaged_copy_is_parsed_again(
     name = "tessera/stdlib/softmax.tsr"
     text = (ROOT / name).read_text()
     parsed = kept_parse.parse_library_file(name, text)
-    kept = tmp_path / "library" / "tessera_stdlib_softmax.tsr.pickle"
-    assert kept.is_file()
-
-    def no_parsing(*_: object) -> None:
-        raise AssertionError("parsed again")
-
+    (kept,) = (tmp_path / "library").glob("*.pickle")
     with monkeypatch.context() as patch:
-        patch.setattr(kept_parse, "parse", no_parsing)
+        patch.setattr(parser, "parse", _no_parsing)
         assert kept_parse.parse_library_file(name, text) == parsed
         with pytest.raises(AssertionError, match="parsed again"):
             kept_parse.parse_library_file(name, text + "\n# an edit\n")
     kept.write_bytes(b"not a tree\n")
     assert kept_parse.parse_library_file(name, text) == parsed
     assert kept.read_bytes() != b"not a tree\n"
+
+
+def test_a_users_tree_is_kept_for_its_name_and_text_and_points_at_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second compilation of the same text under the same name parses nothing and
+    writes the same source; the kept tree's spans are the new compilation's file (its
+    errors cite it, with its name); another name or an edit parses again."""
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    text = (ROOT / "examples" / "mlp.tsr").read_text()
+    first = tessera.compile(text, filename="mlp.tsr", target="cuda").source
+    with monkeypatch.context() as patch:
+        patch.setattr(parser, "parse", _no_parsing)
+        program = tessera.compile(text, filename="mlp.tsr", target="cuda")
+        assert program.source == first
+        spans = {id(s.span.source) for s in program.ir("ast").body}
+        assert spans == {id(program.input)}
+        # the parse the compiler would do again reaches the stand-in, an internal error
+        with pytest.raises(InternalCompilerError, match="parsed again"):
+            tessera.compile(text, filename="other.tsr", target="cuda")
+        with pytest.raises(InternalCompilerError, match="parsed again"):
+            tessera.compile(text + "\n# an edit\n", filename="mlp.tsr", target="cuda")
+
+
+def test_a_file_with_findings_is_parsed_and_reported_every_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    text = "def f(x: Tensor['N', f32]) -> Tensor['N', f32]:\n    return x +\n"
+    for _ in range(2):
+        with pytest.raises(tessera.CompileError, match=r"bad\.tsr:2"):
+            tessera.compile(text, filename="bad.tsr", target="cpu")
+    assert not (tmp_path / "parsed").exists() or not any((tmp_path / "parsed").iterdir())
 
 
 _MLP = "import tessera\ntessera.compile_file('examples/mlp.tsr', target='cuda').source"

@@ -19,7 +19,7 @@ from ..frozen import frozen
 from .frontend import ast
 from .frontend.diagnostics import CompileError, Diagnostic, Diagnostics, Severity
 from .frontend.fingerprint import fingerprints
-from .frontend.parser import parse
+from .frontend.kept_parse import parse_kept
 from .frontend.printer import print_module
 from .frontend.source import SourceFile, SourceReadError, Span, read_source
 from .graph.distribute import distribute
@@ -96,7 +96,7 @@ class Stage:
 def _ast_stage(
     _: Mapping[str, Any], source: SourceFile, options: Options, diags: Diagnostics
 ) -> ast.Module:
-    module = parse(source, diags)
+    module = parse_kept(source, diags)
     diags.check()
     assert module is not None
     if options.kernel is not None:

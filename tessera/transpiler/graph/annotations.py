@@ -12,7 +12,6 @@ import functools
 
 from ..frontend import ast
 from ..frontend.diagnostics import Diagnostics, Note, did_you_mean
-from ..frontend.parser import parse
 from ..frontend.printer import print_expr
 from ..frontend.source import SourceFile, Span
 from .dims import Dim, DimSyntaxError, parse_dim
@@ -508,6 +507,8 @@ def _spelled(t: TensorType) -> str:
 def _annotation(spelling: str) -> ast.TypeExpr:
     """The annotation ``spelling``, parsed once a process: a group's operands and result
     often share their type, and the tree is never changed."""
+    from ..frontend.parser import parse  # the parser's tables load where one is parsed
+
     diags = Diagnostics()
     module = parse(SourceFile("<type>", f"def f(x: {spelling}): ...\n"), diags)
     assert module is not None and not diags.items, f"cannot spell {spelling}"
