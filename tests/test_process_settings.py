@@ -46,13 +46,13 @@ def test_a_compilation_runs_with_both_raised_and_gives_them_back(
     default_settings: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen = []
-    parse = pipeline.parse
+    parse = pipeline.parse_kept
 
     def parse_and_look(*args: object) -> object:
         seen.append(_settings())
         return parse(*args)
 
-    monkeypatch.setattr(pipeline, "parse", parse_and_look)
+    monkeypatch.setattr(pipeline, "parse_kept", parse_and_look)
     before = _settings()
     pipeline.compile(SOURCE, target="cpu")
     assert seen == [((FIRST_GENERATION, 10, 10), RECURSION_NEEDED)]
