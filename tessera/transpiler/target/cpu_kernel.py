@@ -41,6 +41,7 @@ from .cexpr import (
     kv_visible,
     param_name,
     saturated,
+    words,
 )
 from .cpu_dequant import Dequantized, dequantized_operands
 from .debug_checks import bounds_lines
@@ -351,8 +352,9 @@ class _Emitter:
         return CKernel(
             self.stem, self.kernel.function, tuple(params),
             {d: self.symbols[d] for d in self.dims}, grid, total, tuple(offsets),
-            tuple(self.lines), tuple(self.constants.declarations(code, form)),
-            tuple(self.constants.declarations("\n".join(e for _, e, _ in grid), form)),
+            tuple(self.lines), tuple(self.constants.declarations(words(code), form)),
+            tuple(self.constants.declarations(words("\n".join(e for _, e, _ in grid)),
+                                              form)),
         )  # fmt: skip
 
     def _extent(self, pid: str, extent: Dim, block: int) -> str:

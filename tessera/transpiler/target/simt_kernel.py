@@ -454,20 +454,21 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                                         self.constants.names, self.d.index_type))  # fmt: skip
         derived = [self.d.constant.format(name=name, value=value)
                    for name, value in self.stage_bytes_names.values()]  # fmt: skip
-        masks = words("\n".join(body))  # a read under a store that tests its bound leaves it out
+        # the words of the code, not of its comments, scanned once for all the names
+        read = words(re.sub(r"//.*", "", "\n".join(body)))
+        # a read under a store that tests its bound leaves it out: declared where read
         derived += [f"const {self.d.index_type} {name} = {self.c(dim)};"
-                    for dim, name in self.extents.items() if name in masks]  # fmt: skip
+                    for dim, name in self.extents.items() if name in read]  # fmt: skip
         prologue = (*derived, *self.prologue.values())
-        code = re.sub(r"//.*", "", "\n".join((*prologue, *body)))
-        used = words(code)
+        used = read | words(re.sub(r"//.*", "", "\n".join(prologue)))
         numbers = [self.d.constant.format(name=name, value=self.numbers[name][1])
                    for name in NUMBERS if name in self.numbers and name in used]  # fmt: skip
-        code += "\n".join(numbers)
+        used |= words("\n".join(numbers))
         # a program's threads are whole warps: the schedule's count of them
         warps = {name: _warps(count // self.lanes, self.named("WARP_SIZE", self.lanes))
                  for count, name in (self.constants.threads, self.constants.producers)
                  if count and count % self.lanes == 0}  # fmt: skip
-        prologue = (*self.constants.declarations(code, self.d.constant, warps), *numbers,
+        prologue = (*self.constants.declarations(used, self.d.constant, warps), *numbers,
                     *prologue)  # fmt: skip
         declared = words("\n".join(prologue))
         blocks = {self.symbols[a.name]: step for a in self.kernel.grid

@@ -25,7 +25,6 @@ from typing import Any
 from ...frozen import frozen
 from ..graph.dims import Dim
 from ..tile.ir import TileKernel
-from .cexpr import words
 from .naming import Namer
 
 __all__ = ["TileConstants", "tile_constants"]
@@ -101,15 +100,14 @@ class TileConstants:
         return "*".join(([str(number)] if number != 1 or not factors else []) + factors)
 
     def declarations(
-        self, code: str, form: str, written: dict[str, str] | None = None
+        self, used: frozenset[str], form: str, written: dict[str, str] | None = None
     ) -> list[str]:
         """The declarations, in ``form`` (``constexpr int {name} = {value};``), of the
-        constants that ``code`` uses, rows before columns before depth; ``written`` gives
-        the expression a value is declared as, by name, where it is not the number
-        (``THREADS = 4*TSR_WARP_SIZE``)."""
+        constants among the words ``used`` (``cexpr.words`` of the code), rows before
+        columns before depth; ``written`` gives the expression a value is declared as,
+        by name, where it is not the number (``THREADS = 4*TSR_WARP_SIZE``)."""
         values: dict[str, int | str] = {name: value for value, name in self._values()}
         values.update(written or {})
-        used = words(code)
         return [
             form.format(name=name, value=values[name])
             for name in sorted(values, key=lambda n: (_ORDER.get(n[:2], len(_ORDER)), n))
