@@ -327,3 +327,26 @@ def test_the_header_names_version_source_hash_target_and_schedules() -> None:
     facts = program.ir("meta")["provenance"]
     assert (facts["source"], facts["sha256"]) == ("attention.tsr", digest)
     assert [s["chosen_by"] for s in facts["schedules"]] == ["heuristic", "space"]
+
+
+def test_the_cli_module_run_as_a_script_compiles(tmp_path: Path) -> None:
+    """``python -m tessera.cli.main FILE`` is the command, not a silent import: a bad
+    file's errors and status come back as from ``tesserac``."""
+    bad = tmp_path / "bad.tsr"
+    bad.write_text('def f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n    return y\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "tessera.cli.main", str(bad), "--target", "cpu"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "bad.tsr:2:12: error: unknown name 'y'" in done.stderr
+
+
+def test_a_function_of_a_program_not_loaded_says_to_load_it() -> None:
+    program = tessera.compile('def f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n    return x\n')
+    with pytest.raises(AttributeError, match=r"compiled but not loaded.*prog\.load\(\)\.f"):
+        program.f  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'g'"):
+        program.g  # noqa: B018

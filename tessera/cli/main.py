@@ -271,3 +271,7 @@ def _internal_error(message: object, cause: BaseException) -> int:
     print("This is a bug in tesserac; please report it with the input file.", file=sys.stderr)
     traceback.print_exception(cause, file=sys.stderr)
     return 3
+
+
+if __name__ == "__main__":  # ``python -m tessera.cli.main``, as ``python -m tessera``
+    sys.exit(main())

@@ -342,6 +342,17 @@ class Program:
         except Exception as exc:
             raise InternalCompilerError(stage, exc) from exc
 
+    def __getattr__(self, name: str) -> Any:
+        """``prog.f(x)`` for a function of the file: a compiled program is not yet built
+        and loaded, which is what Python's own message would leave the user to find."""
+        parsed = self.__dict__.get("_ir", {}).get("ast")
+        if parsed is not None and any(f.name == name for f in parsed.functions()):
+            raise AttributeError(
+                f"'{name}' is a function of this program, which is compiled but not loaded: "
+                f"call it on what load() returns, prog.load().{name}(...)"
+            )
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
     @property
     def source(self) -> str:
         """The generated target source, exactly what ``tesserac -o`` writes."""
