@@ -95,6 +95,12 @@ def parts(x: Tensor["N", 12, f32]) -> Tensor["N", 4, f32]:
 def casts(x: Tensor["N", f16], n: Tensor["N", i32]) -> Tensor["N", f32]:
     return x.float().half().float() * 2.0 + x.float().bfloat16().float() + (n * 2).float()
 
+def typed(x: Tensor["N", f32], like: Tensor["N", f16]) -> Tensor["N", f16]:
+    return (x * 3.0).type_as(like)
+
+def swapped(x: Tensor["B", "N", "D", f32], y: Tensor["N", "D", f32]) -> Tensor["B", "D", "N", f32]:
+    return x.mT * 2.0 + y.mT
+
 def layers(x: Tensor["N", "D", f32], w1: Tensor["D", "D", f32],
            w2: Tensor["D", "D", f32]) -> Tensor["N", "D", f32]:
     h = x
@@ -211,6 +217,7 @@ CASES: dict[str, tuple[str, tuple[tuple[int, ...], ...], Any]] = {
     ),
     "extremes": ("extremes", ((7, 9),), lambda x: x.max(-1) + x.min(-1)),
     "halves_of": ("halves_of", ((14,),), lambda v: v[:7] - v[7:]),
+    "mT": ("swapped", ((3, 7, 9), (7, 9)), lambda x, y: x.transpose(0, 2, 1) * 2 + y.T),
     "created": ("created", ((7, 9),), lambda x: x + 5),
     "fixed": (
         "fixed",
@@ -257,6 +264,15 @@ def test_pytorch_casts_and_an_accuracy(built: Any) -> None:
     want = wide * 2 + wide.astype(ml_dtypes.bfloat16).astype(np.float32) + 2 * n
     poison = np.full(29, np.nan, np.float32)
     np.testing.assert_array_equal(built.casts(x, n, out=poison), want)
+
+
+def test_type_as_casts_to_the_other_tensors_dtype(built: Any) -> None:
+    """PyTorch's ``x.type_as(y)``: ``x`` rounded to ``y``'s dtype (f16 here)."""
+    x = np.random.default_rng(12).standard_normal(29).astype(np.float32)
+    like = np.zeros(29, np.float16)
+    have = np.asarray(built.typed(x, like, out=np.full(29, np.nan, np.float16)))
+    assert have.dtype == np.float16
+    np.testing.assert_array_equal(have, (x * 3).astype(np.float16))
 
 
 def test_nanogpt_attention_as_written_for_pytorch(built: Any) -> None:
@@ -387,6 +403,11 @@ BAD = {
         "def f(x: Tensor[2, 4, 3, f32]) -> Tensor[2, 3, 4, f32]:\n    return x.t()\n",
         2,
         "x.t() transposes a matrix (PyTorch's rule); x has rank 3",
+    ),
+    "mT of a vector": (
+        "def f(x: Tensor[4, f32]) -> Tensor[4, f32]:\n    return x.mT\n",
+        2,
+        "x.mT swaps the last two dims; x has rank 1",
     ),
     "dim and axis both": (
         "def f(x: Tensor[4, 6, f32]) -> Tensor[4, f32]:\n    return sum(x, axis=1, dim=1)\n",

@@ -117,7 +117,8 @@ _AXIS_METHODS = {"transpose": "transpose()", "permute": "permute()"}
 #: dtype, or None.
 _TORCH_METHODS = {"float": "f32", "half": "f16", "bfloat16": "bf16", "int": "i32", "t": None,
                   "matmul": None, "mm": None, "chunk": None, "split": None, "size": None,
-                  "masked_fill": None, "contiguous": None, "clone": None}  # fmt: skip
+                  "masked_fill": None, "contiguous": None, "clone": None,
+                  "type_as": None}  # fmt: skip
 
 #: What to write instead of a tensor method that PyTorch or NumPy code has and a
 #: tensor here does not: each one's hint in the error.
@@ -683,6 +684,17 @@ class Evaluator:
             if attr == "T":
                 spec = GRAPH_OPS["tile.transpose" if isinstance(t, TileType) else "transpose"]
                 return self.call_op(spec, [base], [], span, f"{base.text}.T")
+            if attr == "mT" and isinstance(t, TensorType):  # PyTorch's batched transpose
+                if t.rank < 2:
+                    raise SemanticError(
+                        f"{base.text}.mT swaps the last two dims; {base.text} has rank {t.rank}",
+                        span,
+                    )
+                order = (*range(t.rank - 2), t.rank - 1, t.rank - 2)
+                axes = Ev(Const(order), span, "axes")
+                return self.call_op(
+                    GRAPH_OPS["transpose"], [base, axes], [], span, f"{base.text}.mT"
+                )
             if attr in ("to", "astype"):  # x.to(bf16) (PyTorch, Triton), x.astype(bf16) (NumPy)
                 return OpRef("tile.cast" if isinstance(t, TileType) else "cast", base)
             if attr in _TORCH_METHODS and isinstance(t, TensorType):
@@ -696,7 +708,7 @@ class Evaluator:
             if attr in methods:
                 return OpRef(prefix + attr, base)
             what = "tile" if prefix else "tensor"
-            known = ("shape", "dtype", "T", "to", "astype", *methods,
+            known = ("shape", "dtype", "T", "mT", "to", "astype", *methods,
                      *(() if prefix else ("reshape", "view", *_AXIS_METHODS)))  # fmt: skip
             hint = f"; write {_METHOD_HINTS[attr]}" if attr in _METHOD_HINTS and not prefix else ""
             raise SemanticError(
@@ -1259,6 +1271,7 @@ class Evaluator:
         """PyTorch's tensor methods that are another op here: ``x.float()`` is
         ``x.to(f32)``, ``x.t()`` a matrix's transpose, ``x.matmul(w)`` ``x @ w``,
         ``x.size(i)`` ``x.shape[i]``, ``x.masked_fill(m, v)`` ``where(m, v, x)``,
+        ``x.type_as(y)`` ``cast_like(x, y)``,
         ``x.contiguous()`` and ``x.clone()`` ``x`` (a graph value is laid out whole and
         never changed in place), and ``x.chunk(2, dim=-1)`` and ``x.split(64, dim=-1)``
         the parts of ``splits.py``."""
@@ -1278,7 +1291,7 @@ class Evaluator:
             return DimValue(dims[axis.value])
         if name == "masked_fill" and len(args) == 2 and not keywords:
             return self.call_op(GRAPH_OPS["where"], [args[0], args[1], x], [], node.span, shown)
-        wanted = {"matmul": 1, "mm": 1, "size": 1, "masked_fill": 2}.get(name, 0)
+        wanted = {"matmul": 1, "mm": 1, "size": 1, "masked_fill": 2, "type_as": 1}.get(name, 0)
         if len(args) != wanted or keywords:
             what = {0: "no arguments", 2: "a mask and a value"}.get(wanted, "one argument")
             raise SemanticError(f"{shown}() takes {what}", node.span)
@@ -1286,6 +1299,8 @@ class Evaluator:
             return x.value
         if name in ("matmul", "mm"):
             return self.call_op(GRAPH_OPS["matmul"], [x, args[0]], [], node.span, shown)
+        if name == "type_as":
+            return self.call_op(GRAPH_OPS["cast_like"], [x, args[0]], [], node.span, shown)
         if name == "t":
             if x.value.type.rank > 2:
                 raise SemanticError(
