@@ -77,6 +77,10 @@ def test_a_bundle_holds_a_cubin_per_arch(tmp_path: Path) -> None:
     part = bundle.info["cuda"]["sm_80"]
     assert "\nint tessera_axpy(const float* x, " in bundle.files[part["source"]].decode()
     assert load(bundle.files[part["kernels"]].decode())[0]["name"] == "axpy"
+    assert (
+        repr(bundle)
+        == f"<Bundle '{tmp_path / 's.tsrpkg'}': functions axpy; cpu native; cuda sm_80>"
+    )
 
 
 def test_bad_arches_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:

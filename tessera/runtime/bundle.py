@@ -43,6 +43,16 @@ class Bundle:
     kernels: list[dict[str, Any]]
     files: Mapping[str, bytes]
 
+    def __repr__(self) -> str:
+        """What the bundle holds, in a line: its files are megabytes of source and binary."""
+        meta = json.loads(self.files[self.info["cpu"]["meta"]])
+        names = ", ".join(f["name"] for f in meta["functions"])
+        arches = ", ".join(self.info["cuda"]) or "none"
+        return (
+            f"<Bundle {str(self.path)!r}: functions {names}; cpu {self.info['cpu']['arch']}; "
+            f"cuda {arches}>"
+        )
+
     def cubin(self, arch: str) -> bytes:
         """The cubin built for ``arch``; ``BundleError`` where the bundle has none."""
         part = self.info["cuda"].get(arch)
