@@ -3766,9 +3766,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
         for (int c = 0; c < 4; ++c) {
           const int j = tx + c * TX;
           const int t = r * 4 + c;
-          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity();
+          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity();
         }
       }
     } else {
@@ -3778,9 +3777,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
           const int j = tx + c * TX;
           const int t = r * 4 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity());
+              : (((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity());
         }
       }
     }
@@ -5494,9 +5492,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
         for (int c = 0; c < 4; ++c) {
           const int j = tx + c * TX;
           const int t = r * 4 + c;
-          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity();
+          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity();
         }
       }
     } else {
@@ -5506,9 +5503,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
           const int j = tx + c * TX;
           const int t = r * 4 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity());
+              : (((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity());
         }
       }
     }

@@ -4295,9 +4295,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
         for (int c = 0; c < 8; ++c) {
           const int j = tx + c * TX;
           const int t = r * 8 + c;
-          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity();
+          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity();
         }
       }
     } else {
@@ -4307,9 +4306,8 @@ extern "C" __global__ void __launch_bounds__(256) step_k10(const float* __restri
           const int j = tx + c * TX;
           const int t = r * 8 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity());
+              : (((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity());
         }
       }
     }
@@ -6227,9 +6225,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
         for (int c = 0; c < 8; ++c) {
           const int j = tx + c * TX;
           const int t = r * 8 + c;
-          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity();
+          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity();
         }
       }
     } else {
@@ -6239,9 +6236,8 @@ extern "C" __global__ void __launch_bounds__(256) step_windowed_k10(
           const int j = tx + c * TX;
           const int t = r * 8 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity());
+              : (((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity());
         }
       }
     }

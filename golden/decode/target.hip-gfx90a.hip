@@ -3299,9 +3299,8 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
         const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
         const int j = lane % TSR_MMA_N;
         const int t = reg;
-        p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T
-            ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-            : -tsr_infinity();
+        p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+            : 0.0f)) ? (dot[t] * scale) : -tsr_infinity();
       }
     } else {
       #pragma unroll
@@ -3310,9 +3309,8 @@ extern "C" __global__ void __launch_bounds__(128) step_k10(const float* __restri
         const int j = lane % TSR_MMA_N;
         const int t = reg;
         p[t] = BN*nblk + j >= S ? -tsr_infinity()
-            : (((BN*nblk + j) < (BM*pid_m + i < 2*T
-            ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-            : -tsr_infinity());
+            : (((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+            : 0.0f)) ? (dot[t] * scale) : -tsr_infinity());
       }
     }
     float m_c[TSR_LANE_ROWS];
@@ -4808,9 +4806,8 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
         const int i = wave * WARP_M + reg / 4 * 8 + lane / TSR_MMA_N * 4 + reg % 4;
         const int j = lane % TSR_MMA_N;
         const int t = reg;
-        p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T
-            ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-            : -tsr_infinity();
+        p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+            : 0.0f)) ? (dot[t] * scale) : -tsr_infinity();
       }
     } else {
       #pragma unroll
@@ -4819,9 +4816,8 @@ extern "C" __global__ void __launch_bounds__(128) step_windowed_k10(
         const int j = lane % TSR_MMA_N;
         const int t = reg;
         p[t] = BN*nblk + j >= S ? -tsr_infinity()
-            : (((BN*nblk + j) < (BM*pid_m + i < 2*T
-            ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-            : -tsr_infinity());
+            : (((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+            : 0.0f)) ? (dot[t] * scale) : -tsr_infinity());
       }
     }
     float m_c[TSR_LANE_ROWS];

@@ -2355,9 +2355,8 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * TX;
           const int t = r * 2 + c;
-          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity();
+          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity();
         }
       }
     } else {
@@ -2367,9 +2366,8 @@ void step_k10(__global const float* restrict cache_k, __global const float* rest
           const int j = tx + c * TX;
           const int t = r * 2 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity());
+              : (((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity());
         }
       }
     }
@@ -3443,9 +3441,8 @@ void step_windowed_k10(__global const float* restrict cache_k,
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * TX;
           const int t = r * 2 + c;
-          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity();
+          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity();
         }
       }
     } else {
@@ -3455,9 +3452,8 @@ void step_windowed_k10(__global const float* restrict cache_k,
           const int j = tx + c * TX;
           const int t = r * 2 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity());
+              : (((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity());
         }
       }
     }

@@ -3054,9 +3054,8 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * TX;
           const int t = r * 2 + c;
-          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity();
+          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity();
         }
       }
     } else {
@@ -3066,9 +3065,8 @@ inline void step_k10(const float* __restrict__ cache_k, const float* __restrict_
           const int j = tx + c * TX;
           const int t = r * 2 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity());
+              : (((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity());
         }
       }
     }
@@ -4441,9 +4439,8 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
         for (int c = 0; c < 2; ++c) {
           const int j = tx + c * TX;
           const int t = r * 2 + c;
-          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity();
+          p[t] = ((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity();
         }
       }
     } else {
@@ -4453,9 +4450,8 @@ inline void step_windowed_k10(const float* __restrict__ cache_k,
           const int j = tx + c * TX;
           const int t = r * 2 + c;
           p[t] = BN*nblk + j >= S ? -tsr_infinity()
-              : (((BN*nblk + j) < (BM*pid_m + i < 2*T
-              ? (float)t11[(pid_b0 * 2*T + BM*pid_m + i) * 1 + 0] : 0.0f)) ? (dot[t] * scale)
-              : -tsr_infinity());
+              : (((BN*nblk + j) < (BM*pid_m + i < 2*T ? (float)t11[pid_b0 * 2*T + BM*pid_m + i]
+              : 0.0f)) ? (dot[t] * scale) : -tsr_infinity());
         }
       }
     }

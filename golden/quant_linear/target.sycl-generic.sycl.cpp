@@ -378,7 +378,7 @@ inline void quantize_i4_k0(const float* __restrict__ scale, float* __restrict__ 
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < N; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < 1) t2[(pid_b0 * 1 + row) * N + j] = (1.0f / (scale[(pid_b0 * 1 + row) * N + j]));
+      if (row < 1) t2[(pid_b0 + row) * N + j] = (1.0f / (scale[(pid_b0 + row) * N + j]));
     }
   }
 }
@@ -417,9 +417,9 @@ inline void quantize_i4_k1(const float* __restrict__ w, const float* __restrict_
       if ((((pid_b0 * R + row) * N + j) & 1) == 0)
           out[((pid_b0 * R + row) * N + j) >> 1] =
           tsr_i4_pair((tsr_round_i4(tsr_saturate_int((sycl::rint(((w[(pid_b0 * R + row) * N + j])
-          * (t2[(pid_b0 * 1 + 0) * N + j])))), -8.0f, 7.0f))),
+          * (t2[pid_b0 * N + j])))), -8.0f, 7.0f))),
           (tsr_round_i4(tsr_saturate_int((sycl::rint(((w[(pid_b0 * R + row) * N + j + 1])
-          * (t2[(pid_b0 * 1 + 0) * N + j + 1])))), -8.0f, 7.0f))));
+          * (t2[pid_b0 * N + j + 1])))), -8.0f, 7.0f))));
     }
   }
 }
@@ -646,8 +646,7 @@ inline void w8a8_k0(const signed char* __restrict__ x, const signed char* __rest
       const int t = r * 4 + c;
       if (BM*pid_m + i < M && BN*pid_n + j < N)
           out[(BM*pid_m + i) * N + BN*pid_n + j] =
-          ((((high[t] * 4096.0f) + low[t]) * (x_scale[(BM*pid_m + i) * 1 + 0]))
-          * (w_scale[BN*pid_n + j]));
+          ((((high[t] * 4096.0f) + low[t]) * (x_scale[BM*pid_m + i])) * (w_scale[BN*pid_n + j]));
     }
   }
 }

@@ -698,7 +698,7 @@ void train_step_k8(__global const float* restrict t16, __global const float* res
   for (int i = 0; i < BM; ++i) {
     for (long j = lid; j < C; j += THREADS) {
       const long row = BM*pid_m + i;
-      if (row < B) t18[row * C + j] = ((t16[row * 1 + 0]) * (target[row * C + j]));
+      if (row < B) t18[row * C + j] = ((t16[row]) * (target[row * C + j]));
     }
   }
 }

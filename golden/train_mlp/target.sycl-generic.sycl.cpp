@@ -922,7 +922,7 @@ inline void train_step_k8(const float* __restrict__ t16, const float* __restrict
   for (int i = 0; i < BM; ++i) {
     for (long long j = lid; j < C; j += THREADS) {
       const long long row = BM*pid_m + i;
-      if (row < B) t18[row * C + j] = ((t16[row * 1 + 0]) * (target[row * C + j]));
+      if (row < B) t18[row * C + j] = ((t16[row]) * (target[row * C + j]));
     }
   }
 }

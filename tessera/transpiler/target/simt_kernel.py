@@ -566,6 +566,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         if len(dims) != 2:
             raise NotLowered(f"a tile of rank {len(dims)}")
         cols = self.factor(dims[1] if t is None else self.constants.shape(t)[1])
+        if cols == "1":  # one column: the flat index is the row
+            self.line(f"const {self.d.index_type} i = e;")
+            return ("i", "0")
         self.line(f"const {self.d.index_type} i = e / {cols};")
         self.line(f"const {self.d.index_type} j = e - i * {cols};")
         return ("i", "j")
@@ -1196,7 +1199,7 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
                     whole = tensor is not None and axis.extent == d  # the tensor's own dim
                     extent = self.extent(tensor, dims, k) if whole else self.c(axis.extent)
                     conditions.append(f"{pos} < {extent}")
-            offset = pos if not offset else f"{parenthesized(offset)} * {self.factor(d)} + {pos}"
+            offset = _row_major(offset, self.factor(d), pos)
         return offset, " && ".join(conditions)
 
     def extent(self, tensor: str, dims: tuple[Dim, ...], axis: int) -> str:
@@ -1580,3 +1583,12 @@ def _numel(dims: tuple[Dim, ...]) -> int:
 def _warps(count: int, lanes: str) -> str:
     """``count`` warps of ``lanes`` threads, as a declaration of threads writes them."""
     return lanes if count == 1 else f"{count}*{lanes}"
+
+
+def _row_major(outer: str, size: str, pos: str) -> str:
+    """The position ``outer * size + pos`` of an element along one more axis (of
+    ``size``), without the terms that add or multiply nothing, as a person writes it."""
+    if not outer:
+        return pos
+    scaled = outer if size == "1" else f"{parenthesized(outer)} * {size}"
+    return scaled if pos == "0" else f"{scaled} + {pos}"
