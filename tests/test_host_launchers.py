@@ -183,3 +183,49 @@ def test_a_launcher_copies_a_state_into_results_it_is_not_given_in_place(
                           cwd=tmp_path, env={**os.environ, "HIP_PLATFORM": "amd"})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr, done.stderr
+
+
+#: Parameters named as the launcher's own parameters and locals, an intermediate named
+#: ``grid``, and an int that sizes intermediates (nanoGPT's ``n_head``).
+NAMES_OF_THE_LAUNCHER = """\
+def f(base: Tensor["N", "D", f32], need: Tensor["D", "D", f32], own: Tensor["D", "D", f32],
+      offset: Tensor["D", f32], status: Tensor["N", "D", f32], workspace: Tensor["N", "D", f32],
+      stream: Tensor["N", "D", f32], *, n_head: int = 2) -> Tensor["N", "D", f32]:
+    grid = relu(base @ need) + status
+    h = grid.view(N, n_head, D // n_head).transpose(0, 1)
+    att = softmax(h @ h.transpose(1, 2), axis=-1)
+    heads = (att @ h).transpose(0, 1).reshape(N, D)
+    k = softmax(heads @ own + offset, axis=-1) * workspace
+    spread = (h @ h.transpose(1, 2)).max(axis=-1).sum(axis=0)
+    return sum(k, axis=0)[None, :] + stream * grid + spread[:, None]
+"""
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    ("target", "compiler", "flags"),
+    [("cuda", NVCC, ["-gencode=arch=compute_80,code=sm_80", "-Werror", "all-warnings",
+                     "-Xcompiler", "-Wall,-Wextra"]),
+     ("hip", HIPCC, ["--offload-arch=gfx90a", "-O1", "-Wall", "-Wextra", "-Werror"])],
+    ids=["cuda", "hip"],
+)  # fmt: skip
+def test_a_launcher_names_nothing_of_the_function_twice(
+    target: str, compiler: str | None, flags: list[str], tmp_path: Path
+) -> None:
+    """The launcher's workspace, stream and locals take other names where the function
+    has a parameter or an intermediate of that name, and an int parameter that sizes an
+    intermediate is a size of the workspace too: both failed to compile."""
+    if compiler is None:
+        pytest.skip(f"needs {'nvcc' if target == 'cuda' else 'hipcc'}")
+    (tmp_path / "names.tsr").write_text(NAMES_OF_THE_LAUNCHER)
+    out = tmp_path / f"names.{'cu' if target == 'cuda' else 'hip'}"
+    assert main([str(tmp_path / "names.tsr"), "-o", str(out)]) == 0
+    source = out.read_text()
+    assert "tessera_f_workspace(std::int64_t n_head, std::int64_t N, std::int64_t D)" in source
+    stream = "cudaStream_t" if target == "cuda" else "hipStream_t"
+    assert f"void* workspace_, std::size_t workspace_bytes, {stream} stream_)" in source
+    done = subprocess.run([compiler, "-std=c++17", *flags, "-c", str(out), "-o",
+                           str(tmp_path / "names.o")], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "HIP_PLATFORM": "amd"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr, done.stderr

@@ -8,7 +8,7 @@ a program built with ``nvcc`` or ``hipcc`` alone can call a function of the ``.t
 
     int tessera_<f>(<tensors as typed pointers>, <scalars>, <sizes as int64_t>,
                     void* workspace, size_t workspace_bytes, <stream>);
-    size_t tessera_<f>_workspace(<sizes>);
+    size_t tessera_<f>_workspace(<int scalars that size an intermediate>, <sizes>);
 
 Each entry checks the sizes and the guards, places the intermediates in the workspace
 (the caller's, or one it allocates and frees on the stream when given none), raises a
@@ -247,13 +247,15 @@ def _function(f: Mapping[str, Any], target: str) -> str:
     storage = DIALECTS[target].storage
     sizes = [f"std::int64_t {d}" for d in f["dims"]]
     name = f"tessera_{f['name']}"
-    size_args = ", ".join(f["dims"])
-    lines: list[str] = []
-    # Each intermediate's offset in the workspace: the aligned sizes of those before it.
     spans = [f"tsr_host::aligned({c_dim(parse_dim(b['bytes']))})" for b in f["buffers"]]
-    offsets = [" + ".join(spans[:i]) or "0" for i in range(len(spans))]
     workspace = " + ".join(spans) or "0"
     used = set().union(*(parse_dim(b["bytes"]).symbols() for b in f["buffers"]))
+    # int scalars that size an intermediate (``view(B, T, n_head, C // n_head)``) are
+    # the workspace's sizes too, before the size symbols, as in the entry
+    sizing = [p["name"] for p in f["params"] if p["kind"] == "scalar" and p["name"] in used]
+    n = _local_names(f)
+    size_args = ", ".join([*sizing, *f["dims"]])
+    lines: list[str] = []
     checks = [f"{d} < 0" for d in f["dims"]]
     lines.append(f"if ({' || '.join(checks)}) return TSR_HOST_EINVAL;" if checks else "")
     for g in f["guards"]:
@@ -261,20 +263,27 @@ def _function(f: Mapping[str, Any], target: str) -> str:
         if condition is not None:
             lines.append(f"if (!({condition})) return TSR_HOST_EINVAL;  // {g['reason']}")
     lines += [
-        f"const std::size_t need = {name}_workspace({size_args});",
-        "unsigned char* base = static_cast<unsigned char*>(workspace);",
-        "const bool own = workspace == nullptr && need > 0;",
-        f"if (own && {api['malloc']}(reinterpret_cast<void**>(&base), need, stream) != "
-        f"{api['success']})",
+        f"const std::size_t {n['need']} = {name}_workspace({size_args});",
+        f"unsigned char* {n['base']} = static_cast<unsigned char*>({n['workspace']});",
+        f"const bool {n['own']} = {n['workspace']} == nullptr && {n['need']} > 0;",
+        f"if ({n['own']} && {api['malloc']}(reinterpret_cast<void**>(&{n['base']}), "
+        f"{n['need']}, {n['stream']}) != {api['success']})",
         "  return TSR_HOST_ELAUNCH;",
-        "if (!own && workspace_bytes < need) return TSR_HOST_EWORKSPACE;",
+        f"if (!{n['own']} && {n['workspace_bytes']} < {n['need']}) return TSR_HOST_EWORKSPACE;",
     ]
-    for b, offset in zip(f["buffers"], offsets, strict=True):
-        lines.append(f"const tsr_host::Bytes {b['name']}{{base + {offset}}};")
-    lines.append("const int status = [&]() -> int {")
+    # each intermediate starts where the one before it ends, aligned
+    if len(spans) > 1:
+        lines.append(f"std::size_t {n['offset']} = 0;")
+    for k, (b, span) in enumerate(zip(f["buffers"], spans, strict=True)):
+        at = n["base"] if k == 0 else f"{n['base']} + {n['offset']}"
+        lines.append(f"const tsr_host::Bytes {b['name']}{{{at}}};")
+        if k + 1 < len(spans):
+            lines.append(f"{n['offset']} += {span};")
+    lines.append(f"const int {n['status']} = [&]() -> int {{")
     if any(b["name"] == FAULT for b in f["buffers"]):
         lines += [
-            f"  if ({api['memset']}({FAULT}, 0, {FAULT_BYTES}, stream) != {api['success']})",
+            f"  if ({api['memset']}({FAULT}, 0, {FAULT_BYTES}, {n['stream']}) != "
+            f"{api['success']})",
             "    return TSR_HOST_ELAUNCH;",
         ]
     for p in f["params"]:
@@ -282,24 +291,25 @@ def _function(f: Mapping[str, Any], target: str) -> str:
             size = f"{c_dim(_elements(p))} * sizeof({storage[p['dtype']]})"
             lines += [
                 f"  if ({p['name']} != {p['updates']} && {api['memcpy']}({p['name']}, "
-                f"{p['updates']}, {size}, {api['on_device']}, stream) != {api['success']})",
+                f"{p['updates']}, {size}, {api['on_device']}, {n['stream']}) != "
+                f"{api['success']})",
                 "    return TSR_HOST_ELAUNCH;",
             ]
     for k in f["launches"]:
-        lines += ["  " + line for line in _launch(k, target, f)]
+        lines += ["  " + line for line in _launch(k, target, f, n)]
         if FAULT in k["args"]:
             lines += [
-                f"  if (const int failed = tsr_host::check_bounds({FAULT}, stream)) "
-                "return failed;"
+                f"  if (const int {n['failed']} = tsr_host::check_bounds({FAULT}, "
+                f"{n['stream']})) return {n['failed']};"
             ]
-        lines += ["  " + line for line in _sentinel(k, f)]
+        lines += ["  " + line for line in _sentinel(k, f, n)]
     lines += [
         "  return TSR_HOST_SUCCESS;",
         "}();",
-        f"if (own && {api['free']}(base, stream) != {api['success']} "
-        "&& status == TSR_HOST_SUCCESS)",
+        f"if ({n['own']} && {api['free']}({n['base']}, {n['stream']}) != {api['success']} "
+        f"&& {n['status']} == TSR_HOST_SUCCESS)",
         "  return TSR_HOST_ELAUNCH;",
-        "return status;",
+        f"return {n['status']};",
     ]
     body = "".join(f"  {line}\n" for line in lines if line)
     # an input that no kernel reads keeps its place in the signature, unnamed
@@ -312,11 +322,13 @@ def _function(f: Mapping[str, Any], target: str) -> str:
         else:
             const = "const " if p["io"] == "in" else ""
             params.append(f"{const}{storage[p['dtype']]}* {shown}")
-    signature = ", ".join([*params, *sizes, "void* workspace", "std::size_t workspace_bytes",
-                           f"{api['stream']} stream"])  # fmt: skip
+    workspace_sizes = [f"std::int64_t {n}" for n in sizing] + sizes
+    signature = ", ".join([*params, *sizes, f"void* {n['workspace']}",
+                           f"std::size_t {n['workspace_bytes']}",
+                           f"{api['stream']} {n['stream']}"])  # fmt: skip
     return (
         f"\n// {f['name']}: the bytes of intermediates its launcher places in the workspace.\n"
-        f"std::size_t {name}_workspace({', '.join(sizes) or 'void'}) {{\n"
+        f"std::size_t {name}_workspace({', '.join(workspace_sizes) or 'void'}) {{\n"
         + "".join(f"  (void){d};\n" for d in f["dims"] if d not in used)
         + f"  return {workspace};\n}}\n\n"
         f"// {f['name']}: {_launches(len(f['launches']))} on `stream`.\n"
@@ -330,6 +342,33 @@ NON_FINITE = {"f32": 0x7F800000, "tf32": 0x7F800000, "bf16": 0x7F80, "f16": 0x7C
                "fp8_e5m2": 0x7C, "fp8_e4m3": 0x7F}  # fmt: skip
 
 
+#: The names a launcher declares besides the function's own: its last parameters and
+#: its locals.
+_LOCALS = ("workspace", "workspace_bytes", "stream", "need", "base", "own", "offset",
+           "status", "grid", "failed")  # fmt: skip
+
+
+def _local_names(f: Mapping[str, Any]) -> dict[str, str]:
+    """Each of ``_LOCALS`` as the launcher of ``f`` names it: as itself, or with ``_``
+    added until it names nothing of the function (a parameter called ``stream``, an
+    intermediate called ``grid``, a kernel, a tensor map), which it would shadow."""
+    taken = {p["name"] for p in f["params"]} | set(f["dims"])
+    taken |= {b["name"] for b in f["buffers"]}
+    for k in f["launches"]:
+        taken.add(k["kernel"])
+        taken |= {
+            f"{m['name']}{end}" for m in k.get("tensor_maps", ()) for end in ("", "_dims", "_box")
+        }
+    names = {}
+    for local in _LOCALS:
+        name = local
+        while name in taken:
+            name += "_"
+        names[local] = name
+        taken.add(name)
+    return names
+
+
 def _elements(p: Mapping[str, Any]) -> Dim:
     """The elements of the tensor parameter ``p``."""
     count = Dim.const(1)
@@ -338,7 +377,7 @@ def _elements(p: Mapping[str, Any]) -> Dim:
     return count
 
 
-def _sentinel(k: Mapping[str, Any], f: Mapping[str, Any]) -> list[str]:
+def _sentinel(k: Mapping[str, Any], f: Mapping[str, Any], n: Mapping[str, str]) -> list[str]:
     """A debug build's sentinel after launch ``k``: each float tensor it writes."""
     if "sentinel" not in k:
         return []
@@ -353,14 +392,16 @@ def _sentinel(k: Mapping[str, Any], f: Mapping[str, Any]) -> list[str]:
             count = parse_dim(buffers[w["name"]]) / size
         what = f"kernel '{k['kernel']}' ({k['sentinel']['line']}) wrote to '{w['name']}':"
         lines += [
-            f"if (const int failed = tsr_host::check_finite({w['name']}, {c_dim(count)}, "
-            f"{size}, {NON_FINITE[w['dtype']]:#x}u, \"{what}\", stream))",
-            "  return failed;",
+            f"if (const int {n['failed']} = tsr_host::check_finite({w['name']}, "
+            f"{c_dim(count)}, {size}, {NON_FINITE[w['dtype']]:#x}u, \"{what}\", {n['stream']}))",
+            f"  return {n['failed']};",
         ]
     return lines
 
 
-def _launch(k: Mapping[str, Any], target: str, f: Mapping[str, Any]) -> list[str]:
+def _launch(
+    k: Mapping[str, Any], target: str, f: Mapping[str, Any], n: Mapping[str, str]
+) -> list[str]:
     """One launch, in a block: its grid, its attribute, its tensor maps, the launch."""
     api = _API[target]
     grid = [f"tsr_host::ceil_div({_operand(g['extent'])}, {g['block']})" if g["block"] != 1
@@ -369,9 +410,10 @@ def _launch(k: Mapping[str, Any], target: str, f: Mapping[str, Any]) -> list[str
     smem = k.get("dynamic_smem", 0)
     # the opt-in is needed where the static and dynamic bytes together pass 48 KiB
     opt_in = smem + k.get("static_smem", 0) > _DEFAULT_SMEM
+    g = n["grid"]
     lines = [f"{{  // {k['kernel']}",
-             f"  const std::int64_t grid[3] = {{{', '.join(grid)}}};",
-             "  if (grid[0] > 0 && grid[1] > 0 && grid[2] > 0) {"]  # fmt: skip
+             f"  const std::int64_t {g}[3] = {{{', '.join(grid)}}};",
+             f"  if ({g}[0] > 0 && {g}[1] > 0 && {g}[2] > 0) {{"]  # fmt: skip
     inner = []
     if opt_in:
         inner += [
@@ -391,9 +433,10 @@ def _launch(k: Mapping[str, Any], target: str, f: Mapping[str, Any]) -> list[str
             f"{m['name']}_dims, {m['name']}_box) != 0)",
             "  return TSR_HOST_ELAUNCH;",
         ]
-    dims = "dim3(unsigned(grid[0]), unsigned(grid[1]), unsigned(grid[2]))"
+    dims = f"dim3(unsigned({g}[0]), unsigned({g}[1]), unsigned({g}[2]))"
     inner += [
-        f"{k['kernel']}<<<{dims}, {k['threads']}, {smem}, stream>>>({', '.join(k['args'])});",
+        f"{k['kernel']}<<<{dims}, {k['threads']}, {smem}, {n['stream']}>>>"
+        f"({', '.join(k['args'])});",
         f"if ({api['last_error']}() != {api['success']}) return TSR_HOST_ELAUNCH;",
     ]
     return [*lines, *(f"    {line}" for line in inner), "  }", "}"]
