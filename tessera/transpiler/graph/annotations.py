@@ -132,6 +132,18 @@ def _no_args(node: ast.TypeExpr) -> None:
         raise SemanticError(f"'{node.name}' takes no arguments or policies", node.span)
 
 
+_INDICES = (
+    "integer tensors are i32, i8 or i4, and indices and labels are i32 (pass numpy int32 "
+    "arrays, x.astype(np.int32), or torch.int32 tensors, t.int())"
+)
+_DOUBLES = "tensors are at most f32 (pass numpy float32 arrays, or torch.float32 tensors)"
+#: numpy's and PyTorch's dtypes that no tensor here has, and what to use instead.
+_UNSUPPORTED_DTYPES = {
+    **dict.fromkeys(("i64", "int64", "long", "i16", "int16", "u8", "uint8", "short"), _INDICES),
+    **dict.fromkeys(("f64", "float64", "double", "fp64"), _DOUBLES),
+}
+
+
 def _tensor_args(
     node: ast.TypeExpr, defines: dict[str, int]
 ) -> tuple[tuple[Dim, ...], DType, Policies]:
@@ -141,6 +153,10 @@ def _tensor_args(
         where = last.span if last is not None else node.span
         hint = ""
         if isinstance(last, ast.TypeExpr) and last.args is None:
+            if last.name in _UNSUPPORTED_DTYPES:
+                raise SemanticError(
+                    f"{last.name} is not a dtype here: {_UNSUPPORTED_DTYPES[last.name]}", where
+                )
             hint = did_you_mean(last.name, (*DTYPES, *ALIASES))
             if hint:
                 raise SemanticError(f"unknown dtype '{last.name}'{hint}", where)
