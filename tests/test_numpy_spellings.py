@@ -326,6 +326,16 @@ BAD = {
         2,
         "write ddof=1 for unbiased=True (PyTorch's default), ddof=0 for unbiased=False",
     ),
+    "PyTorch's long()": (
+        "def f(x: Tensor[4, f32]) -> Tensor[4, i32]:\n    return x.long()\n",
+        2,
+        "a tensor has no attribute 'long'; write x.int(): integer tensors are i32 here",
+    ),
+    "PyTorch's item()": (
+        "def f(x: Tensor[4, f32]) -> Tensor[4, f32]:\n    return x * x.sum().item()\n",
+        2,
+        "a tensor has no attribute 'item'; write x itself",
+    ),
     "PyTorch's clamp_min": (
         "def f(x: Tensor[4, f32]) -> Tensor[4, f32]:\n    return x.clamp_min(0.0)\n",
         2,

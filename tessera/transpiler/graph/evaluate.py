@@ -133,6 +133,13 @@ _METHOD_HINTS = {
     ),
     "clamp_min": "clamp(x, min=v) or maximum(x, v)",
     "clamp_max": "clamp(x, max=v) or minimum(x, v)",
+    "long": "x.int(): integer tensors are i32 here",
+    "double": "x.float(): f32 is the widest float here",
+    "cpu": "x: a tensor lives where the compiled function runs",
+    **dict.fromkeys(
+        ("numpy", "item", "tolist"),
+        "x itself: a compiled function computes on tensors; return it and read it in Python",
+    ),
 }
 
 
