@@ -280,6 +280,17 @@ def test_metadata_describes_the_entries() -> None:
     assert mlp["params"][-1]["io"] == "out" and mlp["kernels"] == ["mlp_k0", "mlp_k1"]
 
 
+def test_a_library_says_what_it_holds() -> None:
+    """Its repr names the file, the target and the functions; an unknown function's
+    error lists them."""
+    source = 'def f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n    return x * 2.0\n'
+    lib = tessera.compile(source + source.replace("def f", "def g"), "two.tsr", target="cpu")
+    loaded = lib.load()
+    assert repr(loaded) == "<CpuLibrary of two.tsr for cpu native: f, g>"
+    with pytest.raises(AttributeError, match=r"no function 'h' \(the file defines: f, g\)"):
+        loaded.h  # noqa: B018
+
+
 SANITIZED = """
 import sys, numpy as np
 sys.path.insert(0, {root!r})

@@ -447,6 +447,12 @@ class Library:
     def __dir__(self) -> list[str]:
         return [*super().__dir__(), *self.functions]
 
+    def __repr__(self) -> str:
+        """The file, the target and the functions, in a line."""
+        meta = self.meta
+        where = f"{meta.get('source')} for {meta.get('target')} {meta.get('arch')}"
+        return f"<{type(self).__name__} of {where}: {', '.join(self.functions)}>"
+
 
 def evaluate(text: str, sizes: Mapping[str, int], where: str) -> int:
     """The value of a size expression (a dim as the metadata writes it) at ``sizes``.
