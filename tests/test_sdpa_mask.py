@@ -39,7 +39,7 @@ def padding(q: Tensor["B", "H", "L", "D", f32], k: Tensor["B", "H", "S", "D", f3
             v: Tensor["B", "H", "S", "D", f32], lengths: Tensor["B", i32]
             ) -> Tensor["B", "H", "L", "D", f32]:
     S = k.shape[-2]
-    mask = (arange(S) < lengths[:, None])[:, None, None, :]
+    mask = arange(S) < lengths[:, None, None, None]
     return scaled_dot_product_attention(q, k, v, mask, scale=0.3)
 
 def additive(q: Tensor["B", "H", "L", "D", f32], k: Tensor["B", "H", "S", "D", f32],

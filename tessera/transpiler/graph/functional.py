@@ -152,9 +152,9 @@ def _bmm(call: OpCall) -> object:
 )  # fmt: skip
 def _scaled_dot_product_attention(call: OpCall) -> object:
     """PyTorch's ``torch.nn.functional.scaled_dot_product_attention``, in its layout
-    ``[..., L, D]`` of queries and ``[..., S, D]`` of keys and values: ``flash_attention(
-    query, key, value, causal=is_causal, dropout=dropout_p, scale=scale)``, with that
-    op's checks, kernels and gradient. ``is_causal`` aligns the mask at the top-left
+    ``[..., L, D]`` of queries and ``[..., S, D]`` of keys and values:
+    ``flash_attention(query, key, value, causal=is_causal, dropout=dropout_p,
+    scale=scale)``, with that op's checks, kernels and gradient. ``is_causal`` aligns the mask at the top-left
     corner, as PyTorch's; ``scale`` defaults to ``1/sqrt(D)``. Keys and values with fewer
     heads than the queries are grouped-query attention with or without ``enable_gqa``
     (PyTorch's needs it True). Dropout draws from Tessera's generator, not PyTorch's.
@@ -162,7 +162,7 @@ def _scaled_dot_product_attention(call: OpCall) -> object:
     ``attn_mask`` is PyTorch's too, of any shape of 2 dims or more that broadcasts to
     the scores ``[..., L, S]`` without widening them (``[L, S]``, a padding mask ``[B,
     1, 1, S]``, ``[B, H, L, S]``): a mask (a comparison, such as ``keep > 0.5`` or
-    ``(arange(S) < lengths[:, None])[:, None, None, :]``) whose true elements take part
+    ``arange(S) < lengths[:, None, None, None]``) whose true elements take part
     in the attention, or a float tensor of the queries' dtype added to the scaled
     scores (an ALiBi bias; ``-inf`` masks). Integer masks are refused, as PyTorch's are
     (write ``m != 0``), and so are floats of another dtype (cast them). The attention is
