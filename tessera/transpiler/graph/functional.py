@@ -154,10 +154,11 @@ def _scaled_dot_product_attention(call: OpCall) -> object:
     """PyTorch's ``torch.nn.functional.scaled_dot_product_attention``, in its layout
     ``[..., L, D]`` of queries and ``[..., S, D]`` of keys and values:
     ``flash_attention(query, key, value, causal=is_causal, dropout=dropout_p,
-    scale=scale)``, with that op's checks, kernels and gradient. ``is_causal`` aligns the mask at the top-left
-    corner, as PyTorch's; ``scale`` defaults to ``1/sqrt(D)``. Keys and values with fewer
-    heads than the queries are grouped-query attention with or without ``enable_gqa``
-    (PyTorch's needs it True). Dropout draws from Tessera's generator, not PyTorch's.
+    scale=scale)``, with that op's checks, kernels and gradient. ``is_causal`` aligns
+    the mask at the top-left corner, as PyTorch's; ``scale`` defaults to ``1/sqrt(D)``.
+    Keys and values with fewer heads than the queries are grouped-query attention with
+    or without ``enable_gqa`` (PyTorch's needs it True). Dropout draws from Tessera's
+    generator, not PyTorch's.
 
     ``attn_mask`` is PyTorch's too, of any shape of 2 dims or more that broadcasts to
     the scores ``[..., L, S]`` without widening them (``[L, S]``, a padding mask ``[B,
