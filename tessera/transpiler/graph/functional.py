@@ -236,13 +236,16 @@ def _masked_attention(call: OpCall) -> Value:
             else _then(call, "rsqrt", _size(call, head))
         )
     scores = _reshaped(call, _then(call, "mul", scores, scale), rows)
+    # a query that the mask leaves no key (a row all false, or all -inf: the scores
+    # themselves are finite) gets zeros, as PyTorch's: the softmax of its row is taken
+    # of zeros instead, so that neither it nor its gradient is NaN. Found from the mask,
+    # which is often smaller than the scores ([B, 1, 1, S]), not from them
     if is_mask(mask):
         scores = _then(call, "where", mask, scores, -math.inf)
+        live = _then(call, "any", mask, -1, True)
     else:
         scores = _then(call, "add", scores, mask)
-    # a row whose every score is -inf (no key left to it) gives zeros, as PyTorch's: its
-    # softmax is taken of zeros instead, so that neither it nor its gradient is NaN
-    live = _then(call, "greater", _then(call, "max", scores, -1, True), -math.inf)
+        live = _then(call, "greater", _then(call, "max", mask, -1, True), -math.inf)
     weights = _then(call, "softmax_safe", _then(call, "where", live, scores, 0.0), -1)
     weights = _then(call, "where", live, weights, 0.0)
     if weights.type.dtype != value.type.dtype:
