@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -570,3 +571,25 @@ def test_integer_loads_stores_and_casts() -> None:
 
 def test_sizes_of_zero_run() -> None:
     check_zero_sizes(tessera.compile(ZERO_SIZES, target="cpu").load())
+
+
+def test_one_element_per_batch_broadcast_over_its_rows() -> None:
+    """``x + per_batch[:, None, None]`` and the padding mask ``arange(S) < lengths[:,
+    None, None]``: a kernel over each batch's ``[H, S]`` rows reads one element of the
+    ``[B]`` operand (a tile of no axes, loaded as one element; an internal error
+    before)."""
+    source = (
+        'def f(x: Tensor["B", "H", "S", f32], per_batch: Tensor["B", f32], '
+        'lengths: Tensor["B", i32]) -> Tensor["B", "H", "S", f32]:\n'
+        "    S = x.shape[-1]\n"
+        "    return where(arange(S) < lengths[:, None, None], x + per_batch[:, None, None], "
+        "-1.0)\n"
+    )
+    lib: Any = tessera.compile(source, "batch.tsr", target="cpu").load()
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    per_batch = rng.standard_normal(3).astype(np.float32)
+    lengths = np.array([4, 0, 7], np.int32)
+    poison = np.full(x.shape, np.nan, np.float32)
+    want = np.where(np.arange(7) < lengths[:, None, None], x + per_batch[:, None, None], -1.0)
+    np.testing.assert_allclose(lib.f(x, per_batch, lengths, out=poison), want, rtol=1e-6)

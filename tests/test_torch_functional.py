@@ -3,7 +3,8 @@
 ``normalize`` and ``mse_loss``. Each is checked on the CPU and on PoCL (the other targets
 in the exhaustive tier) against ``torch.nn.functional`` in float64, on random inputs of
 sizes that are no multiple of a tile, outputs poisoned first; the bad calls are errors
-at their line; and the gradients through ``linear`` and ``layer_norm`` are PyTorch's."""
+at their line; and the gradients through ``linear`` and ``layer_norm`` are PyTorch's.
+``scaled_dot_product_attention`` with ``attn_mask`` is checked in ``test_sdpa_mask``."""
 
 from __future__ import annotations
 
@@ -321,14 +322,6 @@ BAD = {
         _bad("a: Tensor[2, 5, 7, f32], b: Tensor[2, 6, 4, f32]", "bmm(a, b)"),
         2,
         "bmm: inner dimensions differ: a is [2, 5, 7], b is [2, 6, 4]",
-    ),
-    "sdpa with a mask": (
-        "def f(" + _QKV + ", m: Tensor[9, 9, f32]) -> Tensor[2, 4, 9, 8, f32]:\n"
-        "    y = q * 2.0\n"
-        "    return scaled_dot_product_attention(y, k, v, attn_mask=m)\n",
-        3,
-        "scaled_dot_product_attention: attn_mask is not taken; for a causal mask pass "
-        "is_causal=True, for another write the attention out: softmax(where(mask,",
     ),
     "sdpa head dims": (
         _bad(

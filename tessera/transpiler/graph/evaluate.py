@@ -81,9 +81,10 @@ BUILTINS = (
     "checkpoint", "split", "chunk", "len",
 )  # fmt: skip
 #: The ops that read a mask: ``where`` its ``cond``, ``cast``, the ops of masks, ``any``
-#: and ``all``, and the views and broadcasts of ``array_ops``.
+#: and ``all``, the views and broadcasts of ``array_ops``, and PyTorch's attention its
+#: ``attn_mask`` (its rule refuses one elsewhere).
 _READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values(),
-                         *MASK_READERS, *COUNTING})  # fmt: skip
+                         *MASK_READERS, *COUNTING, "scaled_dot_product_attention"})  # fmt: skip
 #: Operators that numpy, PyTorch and Python also spell as functions: ``pow(x, 2)``.
 _OPERATOR_FUNCTIONS = {"pow": "pow", "power": "pow"}
 #: numpy's and PyTorch's other names of ops, as functions and methods: ``x.amax(-1)``.

@@ -15,11 +15,20 @@ from __future__ import annotations
 import math
 
 from .array_ops import reduction_argument, shape_argument
+from .dims import Dim
 from .dtypes import DType
-from .graph_ops import _float_input, _then, register
+from .graph_ops import (
+    _call_as,
+    _float_input,
+    _then,
+    attention_inputs,
+    attention_scale,
+    is_mask,
+    register,
+)
 from .ir import Value
 from .opcall import OpCall, P
-from .types import dims_text
+from .types import ScalarType, dims_text
 from .values import Const, Ev
 
 __all__: list[str] = []
@@ -143,29 +152,149 @@ def _bmm(call: OpCall) -> object:
 )  # fmt: skip
 def _scaled_dot_product_attention(call: OpCall) -> object:
     """PyTorch's ``torch.nn.functional.scaled_dot_product_attention``, in its layout
-    ``[..., S, D]``: ``flash_attention(query, key, value, causal=is_causal,
-    dropout=dropout_p, scale=scale)``, with that op's checks, kernels and gradient.
-    ``is_causal`` aligns the mask at the top-left corner, as PyTorch's; ``scale``
-    defaults to ``1/sqrt(D)``. Keys and values with fewer heads than the queries are
-    grouped-query attention with or without ``enable_gqa`` (PyTorch's needs it True).
-    ``attn_mask`` is not taken: a causal mask is ``is_causal=True``, and another is
-    written out, ``softmax(where(mask, q @ k.transpose(-2, -1) * scale, -inf), dim=-1) @
-    v`` (``+ mask`` for an additive one). Dropout draws from Tessera's generator, not
-    PyTorch's."""
+    ``[..., L, D]`` of queries and ``[..., S, D]`` of keys and values:
+    ``flash_attention(query, key, value, causal=is_causal, dropout=dropout_p,
+    scale=scale)``, with that op's checks, kernels and gradient. ``is_causal`` aligns
+    the mask at the top-left corner, as PyTorch's; ``scale`` defaults to ``1/sqrt(D)``.
+    Keys and values with fewer heads than the queries are grouped-query attention with
+    or without ``enable_gqa`` (PyTorch's needs it True). Dropout draws from Tessera's
+    generator, not PyTorch's.
+
+    ``attn_mask`` is PyTorch's too, of any shape of 2 dims or more that broadcasts to
+    the scores ``[..., L, S]`` without widening them (``[L, S]``, a padding mask ``[B,
+    1, 1, S]``, ``[B, H, L, S]``): a mask (a comparison, such as ``keep > 0.5`` or
+    ``arange(S) < lengths[:, None, None, None]``) whose true elements take part
+    in the attention, or a float tensor of the queries' dtype added to the scaled
+    scores (an ALiBi bias; ``-inf`` masks). Integer masks are refused, as PyTorch's are
+    (write ``m != 0``), and so are floats of another dtype (cast them). The attention is
+    then written out, ``softmax(q @ k.transpose(-2, -1) * scale + mask) @ v``
+    (``where(mask, scores, -inf)`` for a mask), each k and v head read by its group of
+    q heads, scores and softmax in f32, and its gradient is that of those ops (a float
+    mask's too, summed over the dims it broadcasts along, as PyTorch's). A query whose
+    every score is ``-inf`` (a bool mask's row all false, or a float mask's all
+    ``-inf``) gets zeros, and passes no gradient, as PyTorch 2.13 gives on the CPU in
+    its math path and its default path alike, not NaN; a row of finite large negatives
+    (``finfo.min``) is not empty: its softmax is taken (uniform, where the negatives
+    swamp the scores), as PyTorch's. With ``attn_mask``, ``is_causal=True`` is an
+    error, as in PyTorch's math path (its CPU kernel applies both instead: pass ``mask &
+    (arange(L)[:, None] >= arange(S))`` for that); and so is a ``dropout_p`` other than
+    0, whose dropout would have no seed (write ``dropout(weights, p, seed=s)`` of the
+    attention weights out)."""
+    for name in ("query", "key", "value"):
+        if is_mask(call.raw(name)):
+            raise call.error(
+                f"{call.ev(name).text} is a mask (a comparison): attention reads floats, and "
+                f"only attn_mask takes a mask; cast({call.ev(name).text}, f32) makes it 1.0 "
+                "and 0.0",
+                at=name,
+            )
     if not _absent(call, "attn_mask"):
-        raise call.error(
-            "attn_mask is not taken; for a causal mask pass is_causal=True, for another "
-            "write the attention out: softmax(where(mask, q @ k.transpose(-2, -1) * scale, "
-            "-inf), dim=-1) @ v, or softmax(q @ k.transpose(-2, -1) * scale + mask, dim=-1) @ "
-            "v for an additive mask",
-            at="attn_mask",
-        )
+        return _masked_attention(call)
     call.const("enable_gqa", bool)  # checked, and nothing to do: groups are found anyway
     return _then(
         call, "flash_attention", call.ev("query"), call.ev("key"), call.ev("value"),
         causal=_passed(call, "is_causal"), dropout=_passed(call, "dropout_p"),
         scale=_passed(call, "scale"),
     )  # fmt: skip
+
+
+def _masked_attention(call: OpCall) -> Value:
+    """``scaled_dot_product_attention`` with ``attn_mask``, as graph ops: the scores, the
+    mask applied, a softmax that gives zeros where a row has no key left, the product
+    with the values; grouped heads as views, as ``flash_attention``'s."""
+    attention = _call_as(
+        call, "flash_attention", call.ev("query"), call.ev("key"), call.ev("value"),
+        scale=_passed(call, "scale"),
+    )  # fmt: skip
+    q, k, v, _ = attention_inputs(attention)
+    scale = attention_scale(attention)
+    call.const("enable_gqa", bool)
+    if call.const("is_causal", bool):
+        raise call.error(
+            "attn_mask with is_causal=True is an error, as in PyTorch: pass one of them "
+            "(a causal mask and another: attn_mask=mask & (arange(L)[:, None] >= arange(S)))",
+            at="is_causal",
+        )
+    dropout = call.raw("dropout_p")
+    if not (isinstance(dropout, Const) and dropout.value in (0, 0.0)):
+        call.scalar("dropout_p", "float")  # a number or a float parameter, else that error
+        raise call.error(
+            "dropout_p with attn_mask is not taken: its dropout would have no seed; write "
+            "it out, dropout(softmax(where(mask, q @ k.transpose(-2, -1) * scale, -inf), "
+            "dim=-1), p, seed=s) @ v",
+            at="dropout_p",
+        )
+    query, value = call.tensor("query"), call.tensor("value")
+    rows = (*query.type.dims[:-1], call.tensor("key").type.dims[-2])  # [..., H, L, S]
+    mask = _attention_mask(call, query, rows)
+    scores = _then(call, "matmul", q, _then(call, "transpose", k))  # f32
+    if scale is None:
+        head = query.type.dims[-1]
+        scale = (
+            1.0 / math.sqrt(head.constant)
+            if head.constant is not None
+            else _then(call, "rsqrt", _size(call, head))
+        )
+    scores = _reshaped(call, _then(call, "mul", scores, scale), rows)
+    # a query that the mask leaves no key (a row all false, or all -inf: the scores
+    # themselves are finite) gets zeros, as PyTorch's: the softmax of its row is taken
+    # of zeros instead, so that neither it nor its gradient is NaN. Found from the mask,
+    # which is often smaller than the scores ([B, 1, 1, S]), not from them
+    if is_mask(mask):
+        scores = _then(call, "where", mask, scores, -math.inf)
+        live = _then(call, "any", mask, -1, True)
+    else:
+        scores = _then(call, "add", scores, mask)
+        live = _then(call, "greater", _then(call, "max", mask, -1, True), -math.inf)
+    weights = _then(call, "softmax_safe", _then(call, "where", live, scores, 0.0), -1)
+    weights = _then(call, "where", live, weights, 0.0)
+    if weights.type.dtype != value.type.dtype:
+        weights = _then(call, "cast", weights, value.type.dtype)
+    o = _then(call, "matmul", _reshaped(call, weights, (*q.type.dims[:-1], rows[-1])), v)
+    o = _reshaped(call, o, (*query.type.dims[:-1], value.type.dims[-1]))
+    return _as_input(call, query, o)
+
+
+def _attention_mask(call: OpCall, query: Value, rows: tuple[Dim, ...]) -> Value:
+    """``attn_mask``, checked: a mask, or floats of the queries' dtype, whose dims
+    broadcast to the scores' ``rows`` without widening them, as PyTorch requires."""
+    mask = call.tensor("attn_mask")
+    dtype = mask.type.dtype
+    if not is_mask(mask) and dtype != query.type.dtype:
+        text = call.ev("attn_mask").text
+        hint = f"cast({text}, {query.type.dtype})" if dtype.is_float else f"{text} != 0"
+        raise call.error(
+            f"attn_mask must be a mask (a comparison, true where a key takes part) or "
+            f"floats of the query's dtype ({query.type.dtype}) added to the scores, as "
+            f"PyTorch's; {text} is {dtype}: write {hint}",
+            at="attn_mask",
+        )
+    dims = mask.type.dims
+
+    def mismatch() -> str:
+        return (
+            f"attn_mask must broadcast to the scores [..., L, S] = {dims_text(rows)}; "
+            f"{call.shape_of('attn_mask')}"
+        )
+
+    if not 2 <= len(dims) <= len(rows):
+        raise call.error(mismatch(), at="attn_mask")
+    for axis, (want, got) in enumerate(zip(rows[-len(dims) :], dims, strict=True)):
+        if got != Dim.const(1):
+            call.same_dim(want, got, mismatch, f"attn_mask dim {axis}", ("attn_mask",))
+    return mask
+
+
+def _size(call: OpCall, dim: Dim) -> Value:
+    """A size known only at run time, as a float scalar (``float(D)``)."""
+    return call.emit("dim_to_float", (), ScalarType("float"), attrs=(("dim", dim),))
+
+
+def _reshaped(call: OpCall, x: Value, dims: tuple[Dim, ...]) -> Value:
+    """``x`` as ``dims`` of as many elements (grouped heads merged or split again)."""
+    if x.type.dims == dims:
+        return x
+    return call.emit("reshape", (x,), x.type.with_(dims=dims), attrs=(("shape", dims),))
 
 
 # ---------------------------------------------------------------- normalisations

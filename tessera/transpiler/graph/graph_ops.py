@@ -23,7 +23,7 @@ __all__ = [
     "GRAPH_OPS", "UNARY_DOCS", "register", "broadcast", "elementwise_type", "binary_operands",
     "last_two_swapped", "rows_permuted", "retyping_view", "view_starts", "folded",
     "ELEMENTWISE_MATH", "COMPARISONS", "LOGICAL", "named_operands", "is_mask", "DRAWN",
-    "COUNTING", "C_MATH",
+    "COUNTING", "C_MATH", "attention_inputs", "attention_scale",
 ]  # fmt: skip
 
 #: The comparison operators and the ops they are: each gives a mask (dtype ``bool``).
@@ -637,10 +637,17 @@ def _relu(call: OpCall) -> object:
 
 def _then(call: OpCall, kind: str, *args: Any, **keywords: Any) -> Any:
     """``kind`` of ``args`` by its own rule, at the call's line and under its name."""
+    inner = _call_as(call, kind, *args, **keywords)
+    return inner.spec.rule(inner)
+
+
+def _call_as(call: OpCall, kind: str, *args: Any, **keywords: Any) -> OpCall:
+    """A call of ``kind`` with ``args``, at the call's line and under its name, for a
+    composition that needs part of that op's rule (its checks) rather than the op."""
     spec = GRAPH_OPS[kind]
     bound = dict(zip((p.name for p in spec.params), args, strict=False)) | keywords
     evs = {name: _as_ev(call, value) for name, value in bound.items()}
-    return spec.rule(OpCall(spec, evs, call.span, call.emitter, call.shown))
+    return OpCall(spec, evs, call.span, call.emitter, call.shown)
 
 
 def _as_ev(call: OpCall, value: Any) -> Ev:
@@ -1403,6 +1410,45 @@ def _flash_attention(call: OpCall) -> object:
     ``ops.flash_attention``. ``flash_attention(q, cache, causal=..., scale=...)`` attends
     ``q [B, H_q, n, D]`` (the last ``n`` positions) to the positions a ``KVCache`` holds,
     as ``tessera.decode_attention`` does, split-K on the device (docs/kv-cache.md)."""
+    tq, tv = call.tensor("q").type, call.tensor("v").type
+    q, k, v, groups = attention_inputs(call)
+    causal = call.const("causal", bool)
+    operands = [q, k, v]
+    attrs: tuple = (("causal", causal),)
+    dropout = call.scalar("dropout", "float")
+    effects: tuple[str, ...] = ()
+    if isinstance(dropout, Const):
+        if not 0.0 <= dropout.value < 1.0:
+            raise call.error(
+                f"dropout is a probability in [0, 1), not {dropout.value}", at="dropout"
+            )
+        if dropout.value:
+            attrs += (("dropout", dropout.value),)
+            effects = ("rng",)
+    else:
+        operands.append(dropout)
+        attrs += (("dropout", "scalar"),)
+        effects = ("rng",)
+    scale = attention_scale(call)
+    if isinstance(scale, Value):
+        operands.append(scale)  # the last operand
+        attrs += (("scale", "scalar"),)
+    elif scale is not None:
+        attrs += (("scale", scale),)
+    out = TensorType((*q.type.dims[:-1], tv.dims[-1]), tq.dtype)
+    o = call.emit("flash_attention", tuple(operands), out, attrs=attrs, effects=effects)
+    if not groups:
+        return o
+    dims = (*tq.dims[:-1], tv.dims[-1])
+    return call.emit("reshape", (o,), TensorType(dims, tq.dtype), attrs=(("shape", dims),))
+
+
+def attention_inputs(call: OpCall) -> tuple[Value, Value, Value, Dim | None]:
+    """``q``, ``k`` and ``v`` of a call with ``flash_attention``'s arguments, checked
+    (ranks, batch and head dims, lengths, one dtype), and the number of k and v heads
+    where they serve groups of q heads (None where not). Grouped, the three are views
+    ``[..., G, H/G, S, D]`` of q and ``[..., G, 1, S, D]`` of k and v, whose products
+    broadcast each k and v head over its group; else the arguments themselves."""
     q, k, v = call.tensor("q"), call.tensor("k"), call.tensor("v")
     for name, value in (("q", q), ("k", k), ("v", v)):
         if value.type.rank < 2:
@@ -1440,41 +1486,24 @@ def _flash_attention(call: OpCall) -> object:
                 f"q, k and v must have one dtype: q is {tq.dtype}, {name} is {t.dtype}",
                 at=name, notes=call.notes_for(name),
             )  # fmt: skip
-    causal = call.const("causal", bool)
     if groups:  # [..., G, H/G, S, D] of q, against [..., G, 1, S, D] of k and v: views
         q, k = (_heads_grouped(call, x, groups) for x in (q, k))
         v = k if v is call.tensor("k") else _heads_grouped(call, v, groups)  # one view of kv
-    operands = [q, k, v]
-    attrs: tuple = (("causal", causal),)
-    dropout = call.scalar("dropout", "float")
-    effects: tuple[str, ...] = ()
-    if isinstance(dropout, Const):
-        if not 0.0 <= dropout.value < 1.0:
-            raise call.error(
-                f"dropout is a probability in [0, 1), not {dropout.value}", at="dropout"
-            )
-        if dropout.value:
-            attrs += (("dropout", dropout.value),)
-            effects = ("rng",)
-    else:
-        operands.append(dropout)
-        attrs += (("dropout", "scalar"),)
-        effects = ("rng",)
+    return q, k, v, groups
+
+
+def attention_scale(call: OpCall) -> Value | float | None:
+    """The ``scale`` argument of an attention: a float parameter, a positive number, or
+    None where it was left out (``1/sqrt(D)``, D the head dim)."""
     scale = call.raw("scale")
     if isinstance(scale, Value) and scale.type == ScalarType("float"):
-        operands.append(scale)  # the last operand
-        attrs += (("scale", "scalar"),)
-    elif not (isinstance(scale, Const) and scale.value is None):
-        value = call.number("scale")
-        if not value > 0:
-            raise call.error(f"scale must be positive, not {value}", at="scale")
-        attrs += (("scale", value),)
-    out = TensorType((*q.type.dims[:-1], tv.dims[-1]), tq.dtype)
-    o = call.emit("flash_attention", tuple(operands), out, attrs=attrs, effects=effects)
-    if not groups:
-        return o
-    dims = (*tq.dims[:-1], tv.dims[-1])
-    return call.emit("reshape", (o,), TensorType(dims, tq.dtype), attrs=(("shape", dims),))
+        return scale
+    if isinstance(scale, Const) and scale.value is None:
+        return None
+    value = call.number("scale")
+    if not value > 0:
+        raise call.error(f"scale must be positive, not {value}", at="scale")
+    return value
 
 
 def _heads_grouped(call: OpCall, x: Value, groups: Dim) -> Value:

@@ -64,7 +64,8 @@ unless it is returned. `concat` and `stack` take a list or tuple of tensors
 
 PyTorch's `torch.nn.functional` names are builtins with PyTorch's signatures and layouts,
 `F.` left off: `linear(x, weight, bias)` (the weight `[out_features, in_features]`, read
-in place), `bmm`, `scaled_dot_product_attention` (`flash_attention`), `layer_norm` and
+in place), `bmm`, `scaled_dot_product_attention` (`flash_attention`; with `attn_mask`, a
+mask or an additive one, the attention written out as PyTorch's math), `layer_norm` and
 `rms_norm` (over the last dim, `normalized_shape` naming it), `normalize`, `mse_loss`,
 `cross_entropy`, `embedding`, `softmax(x, dim=-1)`, `log_softmax`, `relu`, `silu`,
 `softplus`, `leaky_relu`, `elu` and `gelu` (whose default is the tanh approximation:

@@ -877,6 +877,8 @@ class _Emitter:
         elif index:
             base = f"{base} + {offset}"
         tile = at.tile_axes
+        if not tile:  # every axis indexed: one element (``lengths[b]`` of a batch's rows)
+            return base, "1", "0", "0", "1", "1"
         if len(tile) == 1:
             (a,) = tile
             return base, "0", "0", self.c(a.offset), "1", self.c(a.extent)
@@ -892,7 +894,9 @@ class _Emitter:
 
     def _tile_dims(self, t: Any) -> tuple[str, str]:
         dims = self.shape(t)
-        return ("1", self.c(dims[0])) if len(dims) == 1 else (self.c(dims[-2]), self.c(dims[-1]))
+        if len(dims) < 2:
+            return "1", self.c(dims[0]) if dims else "1"
+        return self.c(dims[-2]), self.c(dims[-1])
 
     def check_bounds(self, op: Op) -> None:
         """In a debug build, the checks of ``op``'s access: a failed one records itself
