@@ -771,3 +771,21 @@ def test_attention_backward_compiles_warning_free(target: str, arch: str, tmp_pa
         if HIPCC is None:
             pytest.skip("needs hipcc (apt-get install hipcc)")
         _hipcc_warning_free(tessera.compile(source, "attend.tsr", target="hip").source, tmp_path)
+
+
+def test_mean_absolute_error_differentiates() -> None:
+    """The gradient of ``mean(abs(x - t))``: the difference is read by the mean's kernel
+    (through a view) and by the gradient's, so the fusion keeps it in a kernel of its own
+    before both, rather than in the gradient's kernel after the mean (a kernel reading a
+    later kernel's value)."""
+    source = (
+        '@autodiff(wrt="x")\n'
+        'def f(x: Tensor["N", "D", f32], t: Tensor["N", "D", f32]) -> Tensor[f32]:\n'
+        "    return mean(abs(x - t))\n"
+    )
+    lib: Any = tessera.compile(source, "l1.tsr", target="cpu").load()
+    rng = np.random.default_rng(8)
+    x, t = (rng.standard_normal((5, 7)).astype(np.float32) for _ in range(2))
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    F.l1_loss(tx, torch.tensor(t, dtype=torch.float64)).backward()
+    np.testing.assert_allclose(lib.f_vjp(x, t, np.ones((), np.float32)), tx.grad.numpy(), rtol=1e-5)
