@@ -479,6 +479,28 @@ COMPOSITE = {
     "layer_norm": ("layernorm",), "rms_norm": ("rmsnorm",),
     "normalize": ("mul", "sum", "sqrt", "abs", "pow", "maximum", "div"),
     "mse_loss": ("sub", "mul", "mean", "sum"),
+    "logical_xor": ("logical_and", "logical_or", "logical_not"),
+    "relu6": ("maximum", "minimum"), "hardtanh": ("maximum", "minimum"),
+    "hardsigmoid": ("add", "maximum", "minimum", "div"),
+    "hardswish": ("add", "maximum", "minimum", "div", "mul"),
+    "mish": ("mul", "tanh", "where", "log1p", "exp", "minimum"),
+    "logsigmoid": ("abs", "neg", "exp", "log1p", "minimum", "sub"),
+    "softsign": ("abs", "add", "div"), "selu": ("where", "expm1", "minimum", "mul"),
+    "celu": ("where", "expm1", "minimum", "div", "mul"),
+    "glu": ("slice", "reshape", "sigmoid", "mul"),
+    "cosine_similarity": ("index_along", "equal", "where", "mul", "sum", "sqrt", "abs", "max",
+                          "cast", "not_equal", "maximum", "div"),
+    "outer": ("reshape", "mul"), "gather": ("take_along_axis", "transpose", "reshape"),
+    "repeat_interleave": ("reshape", "index_along", "equal", "where"),
+    "pad": ("cast", "index_along", "reshape", "pad", "dim_to_float", "where"),
+    **{loss: ("sub", "abs", "mul", "div", "where", "mean", "sum", "index_along", "equal")
+       for loss in ("l1_loss", "smooth_l1_loss", "huber_loss")},
+    "binary_cross_entropy": ("log", "log1p", "neg", "maximum", "sub", "mul", "add", "mean",
+                             "sum"),
+    "binary_cross_entropy_with_logits": ("abs", "neg", "exp", "log1p", "minimum", "sub",
+                                         "mul", "add", "mean", "sum"),
+    "nll_loss": ("where", "reshape", "take_along_axis", "cast", "neg", "index_along", "mul", "sum",
+                 "div"),
 }  # fmt: skip
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.
