@@ -321,6 +321,9 @@ def gathered(x: Tensor["N", "D", f32], i: Tensor["N", "K", i32]) -> Tensor["N", 
 def gathered_rows(x: Tensor["N", "D", f32], i: Tensor["K", "D", i32]) -> Tensor["K", "D", f32]:
     return x.gather(0, index=i)
 
+def gathered_block(x: Tensor["N", "D", f32], i: Tensor["K", "J", i32]) -> Tensor["K", "J", f32]:
+    return x.gather(0, i)
+
 def repeated(k: Tensor["B", "G", "S", "D", f32]) -> Tensor["B", "G*3", "S", "D", f32]:
     return k.repeat_interleave(3, dim=1)
 
@@ -466,6 +469,11 @@ NAMED: dict[str, tuple[str, tuple[Arg, ...], Any]] = {
         (((7, 9), "normal"), ((3, 9), _labels(7))),
         lambda x, i: x.gather(0, i),
     ),
+    "gather_smaller_index": (
+        "gathered_block",
+        (((7, 9), "normal"), ((3, 4), _labels(7))),
+        lambda x, i: x.gather(0, i),
+    ),
     "repeat_interleave": (
         "repeated",
         (((2, 3, 5, 4), "normal"),),
@@ -551,6 +559,14 @@ def test_more_of_pytorch_matches_it(built_names: Any, case: str) -> None:
     haves = have if isinstance(result, tuple) else (have,)
     for h, w in zip(haves, wants, strict=True):
         np.testing.assert_allclose(np.asarray(h), w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_gather_index_larger_than_the_input_is_refused(built_names: Any) -> None:
+    """``x.gather(0, i)`` of ``i [K, J]`` reads the block ``x[:, :J]``: a ``J`` beyond
+    ``x``'s columns is refused before any kernel runs, as PyTorch refuses it."""
+    x = np.ones((7, 4), np.float32)
+    with pytest.raises(ValueError, match="index size J <= input size D"):
+        built_names.gathered_block(x, np.zeros((3, 5), np.int32))
 
 
 def test_gradients_of_the_losses_and_activations_are_pytorchs() -> None:
@@ -764,6 +780,11 @@ BAD = {
         _bad(f"{_X5}, i: Tensor['N', i32]", "gather(x, 1, i)"),
         2,
         "gather: 'index' must have input's rank; x is [N, 5], i is [N]",
+    ),
+    "gather of a larger index": (
+        _bad(f"{_X5}, i: Tensor['N', 6, i32]", "gather(x, 0, i)"),
+        2,
+        "gather: 'index' is larger than input on dim 1: x is [N, 5], i is [N, 6]",
     ),
     "repeat_interleave of a tensor of counts": (
         _bad(f"{_X5}, r: Tensor[5, i32]", "x.repeat_interleave(r, dim=1)"),

@@ -255,8 +255,9 @@ def _cosine_similarity(call: OpCall) -> object:
     ``dim`` (default 1, as PyTorch's; ``dim=-1`` for the last axis), each 2-norm clamped
     to at least ``eps`` before the division, as PyTorch 2's (so that a zero vector gives
     0, not NaN). ``x1`` and ``x2`` broadcast; the result drops ``dim``. Float inputs.
-    Its gradient is that of the ops it is made of (at a norm below ``eps``, the
-    division's alone, as ``normalize``'s)."""
+    Its gradient is that of the ops it is made of, PyTorch's wherever a norm is at
+    least ``eps``; below it, the division's alone (as ``normalize``'s), where PyTorch's
+    also flows through the norm as if it were not clamped."""
     a, b = _float_input(call, "x1"), _float_input(call, "x2")
     dims = broadcast(call, "x1", "x2", a.type.dims, b.type.dims)
     axis = call.axis("dim", len(dims))
@@ -299,11 +300,13 @@ def _gather(call: OpCall) -> object:
     """PyTorch's ``torch.gather`` (and ``x.gather(dim, index)``): ``out[i][j] =
     input[i][index[i][j]]`` for ``dim=1``, the elements of ``input`` picked along ``dim``
     by an integer tensor ``index`` of ``input``'s rank; the result has ``index``'s shape.
-    It is numpy's ``take_along_axis(input, index, axis=dim)``, with its checks (an index
-    parameter out of range is a ``ValueError`` before the launch; a computed one is
-    clamped) and its gradient (``scatter_add``, dense: ``sparse_grad=True`` is taken and
-    changes nothing). Unlike PyTorch's, ``index`` has ``input``'s size on the other dims
-    (PyTorch's may be smaller: slice ``input`` first), and ``input`` is a float tensor."""
+    On the other dims ``index`` is at most ``input``'s size, as PyTorch's: where it is
+    smaller, the gather reads the leading block of ``input`` (a slice, checked when the
+    function is called where a size is symbolic). It is numpy's ``take_along_axis(input,
+    index, axis=dim)``, with its checks (an index parameter out of range is a
+    ``ValueError`` before the launch; a computed one is clamped) and its gradient
+    (``scatter_add``, dense: ``sparse_grad=True`` is taken and changes nothing).
+    ``input`` is a float tensor."""
     x, index = _float_input(call, "input"), call.tensor("index")
     call.const("sparse_grad", bool)
     if index.type.dtype.kind != "int":
@@ -317,7 +320,26 @@ def _gather(call: OpCall) -> object:
             at="index",
         )
     axis = call.axis("dim", max(x.type.rank, 1))
-    return _then(call, "take_along_axis", call.ev("input"), call.ev("index"), axis)
+    dims = list(x.type.dims)
+    for k, (have, want) in enumerate(zip(x.type.dims, index.type.dims, strict=True)):
+        if k == axis or have == want:
+            continue
+        if have.constant is not None and want.constant is not None:
+            if want.constant > have.constant:
+                raise call.error(
+                    f"'index' is larger than input on dim {k}: {call.shape_of('input')}, "
+                    f"{call.shape_of('index')}",
+                    at="index",
+                )
+        else:
+            reason = f"{call.shown}: index size {want} <= input size {have} on dim {k}"
+            call.emitter.guard("at_most", want, have, reason, call.span)
+        dims[k] = want
+    if dims == list(x.type.dims):
+        return _then(call, "take_along_axis", call.ev("input"), call.ev("index"), axis)
+    attrs = (("perm", tuple(range(x.type.rank))), ("starts", (Dim.const(0),) * x.type.rank))
+    block = call.emit("slice", (x,), TensorType(tuple(dims), x.type.dtype), attrs=attrs)
+    return _then(call, "take_along_axis", block, call.ev("index"), axis)
 
 
 @register(
