@@ -490,7 +490,8 @@ COMPOSITE = {
     "glu": ("slice", "reshape", "sigmoid", "mul"),
     "cosine_similarity": ("index_along", "equal", "where", "mul", "sum", "sqrt", "abs", "max",
                           "cast", "not_equal", "maximum", "div"),
-    "outer": ("reshape", "mul"), "gather": ("take_along_axis", "transpose", "reshape"),
+    "outer": ("reshape", "mul"),
+    "gather": ("take_along_axis", "transpose", "reshape", "slice", "cast"),
     "repeat_interleave": ("reshape", "index_along", "equal", "where"),
     "pad": ("cast", "index_along", "reshape", "pad", "dim_to_float", "where"),
     **{loss: ("sub", "abs", "mul", "div", "where", "mean", "sum", "index_along", "equal")

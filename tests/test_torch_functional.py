@@ -324,6 +324,9 @@ def gathered_rows(x: Tensor["N", "D", f32], i: Tensor["K", "D", i32]) -> Tensor[
 def gathered_block(x: Tensor["N", "D", f32], i: Tensor["K", "J", i32]) -> Tensor["K", "J", f32]:
     return x.gather(0, i)
 
+def gathered_ints(x: Tensor["N", "D", i32], i: Tensor["N", "K", i32]) -> Tensor["N", "K", i32]:
+    return gather(x, -1, i)
+
 def repeated(k: Tensor["B", "G", "S", "D", f32]) -> Tensor["B", "G*3", "S", "D", f32]:
     return k.repeat_interleave(3, dim=1)
 
@@ -474,6 +477,11 @@ NAMED: dict[str, tuple[str, tuple[Arg, ...], Any]] = {
         (((7, 9), "normal"), ((3, 4), _labels(7))),
         lambda x, i: x.gather(0, i),
     ),
+    "gather_integers": (
+        "gathered_ints",
+        (((5, 8), _labels(1000)), ((5, 3), _labels(8))),
+        lambda x, i: torch.gather(x, -1, i),
+    ),
     "repeat_interleave": (
         "repeated",
         (((2, 3, 5, 4), "normal"),),
@@ -546,6 +554,14 @@ def _named_inputs(case: str, args: tuple[Arg, ...]) -> list[np.ndarray]:
     return [_make(rng, shape, kind) for shape, kind in args]
 
 
+def _poison(want: np.ndarray) -> np.ndarray:
+    """An output of ``want``'s shape filled with what no kernel writes: NaN, or for an
+    integer result a number no gather of the inputs gives."""
+    if want.dtype.kind == "i":
+        return np.full(want.shape, -77777, np.int32)
+    return np.full(want.shape, np.nan, np.float32)
+
+
 @pytest.mark.parametrize("case", list(NAMED))
 def test_more_of_pytorch_matches_it(built_names: Any, case: str) -> None:
     name, args, reference = NAMED[case]
@@ -554,7 +570,7 @@ def test_more_of_pytorch_matches_it(built_names: Any, case: str) -> None:
         inputs[1][[1, 4]] = 2  # ignored by the call with ignore_index=2 (-100: every_grad's)
     result = reference(*(_as_torch(a) for a in inputs))
     wants = [r.numpy() for r in (result if isinstance(result, tuple) else (result,))]
-    poison = tuple(np.full(w.shape, np.nan, np.float32) for w in wants)
+    poison = tuple(_poison(w) for w in wants)
     have = getattr(built_names, name)(*inputs, out=poison if len(poison) > 1 else poison[0])
     haves = have if isinstance(result, tuple) else (have,)
     for h, w in zip(haves, wants, strict=True):

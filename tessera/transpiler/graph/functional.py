@@ -305,9 +305,9 @@ def _gather(call: OpCall) -> object:
     function is called where a size is symbolic). It is numpy's ``take_along_axis(input,
     index, axis=dim)``, with its checks (an index parameter out of range is a
     ``ValueError`` before the launch; a computed one is clamped) and its gradient
-    (``scatter_add``, dense: ``sparse_grad=True`` is taken and changes nothing).
-    ``input`` is a float tensor."""
-    x, index = _float_input(call, "input"), call.tensor("index")
+    (``scatter_add``, dense: ``sparse_grad=True`` is taken and changes nothing). An
+    integer ``input`` is gathered as f32 and cast back (exact below 2**24)."""
+    x, index = call.tensor("input"), call.tensor("index")
     call.const("sparse_grad", bool)
     if index.type.dtype.kind != "int":
         raise call.error(
@@ -335,11 +335,15 @@ def _gather(call: OpCall) -> object:
             reason = f"{call.shown}: index size {want} <= input size {have} on dim {k}"
             call.emitter.guard("at_most", want, have, reason, call.span)
         dims[k] = want
-    if dims == list(x.type.dims):
-        return _then(call, "take_along_axis", call.ev("input"), call.ev("index"), axis)
-    attrs = (("perm", tuple(range(x.type.rank))), ("starts", (Dim.const(0),) * x.type.rank))
-    block = call.emit("slice", (x,), TensorType(tuple(dims), x.type.dtype), attrs=attrs)
-    return _then(call, "take_along_axis", block, call.ev("index"), axis)
+    source = _as_dtype(call, x, F32) if not x.type.dtype.is_float else x
+    if dims != list(x.type.dims):
+        attrs = (("perm", tuple(range(x.type.rank))), ("starts", (Dim.const(0),) * x.type.rank))
+        block = TensorType(tuple(dims), source.type.dtype)
+        source = call.emit("slice", (source,), block, attrs=attrs)
+    written = call.ev("input")  # errors name the input as the user wrote it
+    picked = _then(call, "take_along_axis", Ev(source, written.span, written.text),
+                   call.ev("index"), axis)  # fmt: skip
+    return _as_dtype(call, picked, x.type.dtype)
 
 
 @register(
