@@ -479,6 +479,29 @@ COMPOSITE = {
     "layer_norm": ("layernorm",), "rms_norm": ("rmsnorm",),
     "normalize": ("mul", "sum", "sqrt", "abs", "pow", "maximum", "div"),
     "mse_loss": ("sub", "mul", "mean", "sum"),
+    "logical_xor": ("logical_and", "logical_or", "logical_not"),
+    "relu6": ("maximum", "minimum"), "hardtanh": ("maximum", "minimum"),
+    "hardsigmoid": ("add", "maximum", "minimum", "div"),
+    "hardswish": ("add", "maximum", "minimum", "div", "mul"),
+    "mish": ("mul", "tanh", "where", "log1p", "exp", "minimum"),
+    "logsigmoid": ("abs", "neg", "exp", "log1p", "minimum", "sub"),
+    "softsign": ("abs", "add", "div"), "selu": ("where", "expm1", "minimum", "mul"),
+    "celu": ("where", "expm1", "minimum", "div", "mul"),
+    "glu": ("slice", "reshape", "sigmoid", "mul"),
+    "cosine_similarity": ("index_along", "equal", "where", "mul", "sum", "sqrt", "abs", "max",
+                          "cast", "not_equal", "maximum", "div"),
+    "outer": ("reshape", "mul"),
+    "gather": ("take_along_axis", "transpose", "reshape", "slice", "cast"),
+    "repeat_interleave": ("reshape", "index_along", "equal", "where"),
+    "pad": ("cast", "index_along", "reshape", "pad", "dim_to_float", "where"),
+    **{loss: ("sub", "abs", "mul", "div", "where", "mean", "sum", "index_along", "equal")
+       for loss in ("l1_loss", "smooth_l1_loss", "huber_loss")},
+    "binary_cross_entropy": ("log", "log1p", "neg", "maximum", "sub", "mul", "add", "mean",
+                             "sum"),
+    "binary_cross_entropy_with_logits": ("abs", "neg", "exp", "log1p", "minimum", "sub",
+                                         "mul", "add", "mean", "sum"),
+    "nll_loss": ("where", "reshape", "take_along_axis", "cast", "neg", "index_along", "mul", "sum",
+                 "div"),
 }  # fmt: skip
 #: The ops that analysis emits beside the graph ops (views of a tensor's elements) and
 #: the library ops that the gradients are made of.
@@ -771,3 +794,21 @@ def test_attention_backward_compiles_warning_free(target: str, arch: str, tmp_pa
         if HIPCC is None:
             pytest.skip("needs hipcc (apt-get install hipcc)")
         _hipcc_warning_free(tessera.compile(source, "attend.tsr", target="hip").source, tmp_path)
+
+
+def test_mean_absolute_error_differentiates() -> None:
+    """The gradient of ``mean(abs(x - t))``: the difference is read by the mean's kernel
+    (through a view) and by the gradient's, so the fusion keeps it in a kernel of its own
+    before both, rather than in the gradient's kernel after the mean (a kernel reading a
+    later kernel's value)."""
+    source = (
+        '@autodiff(wrt="x")\n'
+        'def f(x: Tensor["N", "D", f32], t: Tensor["N", "D", f32]) -> Tensor[f32]:\n'
+        "    return mean(abs(x - t))\n"
+    )
+    lib: Any = tessera.compile(source, "l1.tsr", target="cpu").load()
+    rng = np.random.default_rng(8)
+    x, t = (rng.standard_normal((5, 7)).astype(np.float32) for _ in range(2))
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    F.l1_loss(tx, torch.tensor(t, dtype=torch.float64)).backward()
+    np.testing.assert_allclose(lib.f_vjp(x, t, np.ones((), np.float32)), tx.grad.numpy(), rtol=1e-5)

@@ -84,9 +84,12 @@ BUILTINS = (
 #: and ``all``, the views and broadcasts of ``array_ops``, and PyTorch's attention its
 #: ``attn_mask`` (its rule refuses one elsewhere).
 _READ_MASKS = frozenset({"where", "tile.where", "cast", "tile.cast", *LOGICAL.values(),
-                         *MASK_READERS, *COUNTING, "scaled_dot_product_attention"})  # fmt: skip
-#: Operators that numpy, PyTorch and Python also spell as functions: ``pow(x, 2)``.
-_OPERATOR_FUNCTIONS = {"pow": "pow", "power": "pow"}
+                         "logical_xor", *MASK_READERS, *COUNTING,
+                         "scaled_dot_product_attention"})  # fmt: skip
+#: Operators that numpy, PyTorch and Python also spell as functions: ``pow(x, 2)``,
+#: ``logical_and(a, b)``.
+_OPERATOR_FUNCTIONS = {"pow": "pow", "power": "pow", **{k: k for k in LOGICAL.values()},
+                       "logical_xor": "logical_xor"}  # fmt: skip
 #: numpy's and PyTorch's other names of ops, as functions and methods: ``x.amax(-1)``.
 _NAME_ALIASES = {"amax": "max", "amin": "min"}
 
@@ -108,6 +111,10 @@ _METHODS = (
     "tril", "triu", "any", "all", "take", "cumsum", "norm",
 )  # fmt: skip
 
+
+#: PyTorch's tensor methods that are the graph op of their name, on a tensor only (a tile's
+#: ``gather`` is ``tile.gather``): ``x.gather(dim, index)``, ``k.repeat_interleave(n, dim=1)``.
+_TENSOR_METHODS = ("gather", "repeat_interleave")
 
 #: Tensor methods that reorder axes, read by ``Evaluator._reordered``: PyTorch's
 #: ``x.permute(2, 0, 1)``, NumPy's ``x.transpose((2, 0, 1))`` and PyTorch's swap
@@ -511,16 +518,8 @@ class Evaluator:
                         ),
                     ),
                 )
-        if node.op != "^":
-            kind = LOGICAL["and" if node.op == "&" else "or"]
-            return self.call_op(GRAPH_OPS[kind], [left, right], [], node.span, node.op)
-
-        def mask(kind: str, *operands: Ev) -> Ev:
-            value = self.call_op(GRAPH_OPS[kind], list(operands), [], node.span, "^")
-            return Ev(value, node.span, node)
-
-        not_both = mask("logical_not", mask("logical_and", left, right))
-        return mask("logical_and", mask("logical_or", left, right), not_both).value
+        kind = {"&": LOGICAL["and"], "|": LOGICAL["or"], "^": "logical_xor"}[node.op]
+        return self.call_op(GRAPH_OPS[kind], [left, right], [], node.span, node.op)
 
     def _widened(self, v: Value, span: Span) -> Value:
         """``float(v)`` of an int scalar ``v``: ``v * 1.0``, which C widens as Python does
@@ -709,6 +708,8 @@ class Evaluator:
                 return OpRef(f"torch.{attr}", base)
             if attr in ("reshape", "view") and isinstance(t, TensorType):  # x.view(B*S, C)
                 return OpRef("reshape", base)
+            if attr in _TENSOR_METHODS and isinstance(t, TensorType):
+                return OpRef(attr, base)
             if attr in _AXIS_METHODS and isinstance(t, TensorType):  # read by _reordered
                 return OpRef(_AXIS_METHODS[attr], base)
             prefix = "tile." if isinstance(t, TileType) else ""
@@ -716,8 +717,9 @@ class Evaluator:
             if attr in methods:
                 return OpRef(prefix + attr, base)
             what = "tile" if prefix else "tensor"
+            tensor_only = ("reshape", "view", *_AXIS_METHODS, *_TENSOR_METHODS)
             known = ("shape", "dtype", "T", "mT", "to", "astype", *methods,
-                     *(() if prefix else ("reshape", "view", *_AXIS_METHODS)))  # fmt: skip
+                     *(() if prefix else tensor_only))  # fmt: skip
             hint = f"; write {_METHOD_HINTS[attr]}" if attr in _METHOD_HINTS and not prefix else ""
             raise SemanticError(
                 f"a {what} has no attribute '{attr}'{hint or did_you_mean(attr, known)}", span

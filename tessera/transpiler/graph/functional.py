@@ -1,6 +1,7 @@
-"""PyTorch's ``torch.nn.functional`` names, with PyTorch's signatures: ``linear``,
-``bmm``, ``scaled_dot_product_attention``, ``layer_norm``, ``rms_norm``, ``mse_loss``
-and ``normalize``.
+"""PyTorch's ``torch.nn.functional`` and ``torch`` names, with PyTorch's signatures:
+``linear``, ``bmm``, ``scaled_dot_product_attention``, ``layer_norm``, ``rms_norm``,
+``normalize``, ``cosine_similarity``, ``outer``, ``gather``, ``repeat_interleave`` and
+``pad`` (the activations are in ``activations``, the losses in ``losses``).
 
 Model code ported from PyTorch calls these (``F.linear(x, w, b)`` written ``linear(x,
 w, b)``, as every op here is a builtin). Each is a composition, as ``array_ops``' are:
@@ -14,22 +15,24 @@ from __future__ import annotations
 
 import math
 
-from .array_ops import reduction_argument, shape_argument
+from .array_ops import _as_dtype, _reshaped, _zeros, indices_of, shape_argument
 from .dims import Dim
-from .dtypes import DType
+from .dtypes import F32, DType
 from .graph_ops import (
+    _as_scalar,
     _call_as,
     _float_input,
     _then,
     attention_inputs,
     attention_scale,
+    broadcast,
     is_mask,
     register,
 )
 from .ir import Value
 from .opcall import OpCall, P
-from .types import ScalarType, dims_text
-from .values import Const, Ev
+from .types import ScalarType, TensorType, dims_text
+from .values import Const, DimValue, Ev
 
 __all__: list[str] = []
 
@@ -38,11 +41,6 @@ def _passed(call: OpCall, name: str) -> Ev | Const:
     """The argument as the user wrote it, so that its span and text go on to the op it
     becomes; the parameter's default where it was left out."""
     return call.ev(name) if call.given(name) else call.raw(name)
-
-
-def _absent(call: OpCall, name: str) -> bool:
-    """The argument was left out, or passed as ``None``."""
-    return call.raw(name) == Const(None)
 
 
 def _product(call: OpCall, a: str, other: str, b: Value) -> Value:
@@ -89,7 +87,7 @@ def _linear(call: OpCall) -> object:
         "(PyTorch's layout: weight is [out_features, in_features])",
         f"in_features {x.type.dims[-1]} == {in_features}", ("input", "weight"),
     )  # fmt: skip
-    if not _absent(call, "bias"):
+    if not call.left_out("bias"):
         b = call.tensor("bias")
         if b.type.rank != 1:
             raise call.error(
@@ -103,7 +101,7 @@ def _linear(call: OpCall) -> object:
             f"bias size {b.type.dims[0]} == out_features {out_features}", ("weight", "bias"),
         )  # fmt: skip
     y = _product(call, "input", "weight", _then(call, "transpose", call.ev("weight")))
-    y = y if _absent(call, "bias") else _then(call, "add", y, call.ev("bias"))
+    y = y if call.left_out("bias") else _then(call, "add", y, call.ev("bias"))
     return _as_input(call, x, y)
 
 
@@ -188,7 +186,7 @@ def _scaled_dot_product_attention(call: OpCall) -> object:
                 "and 0.0",
                 at=name,
             )
-    if not _absent(call, "attn_mask"):
+    if not call.left_out("attn_mask"):
         return _masked_attention(call)
     call.const("enable_gqa", bool)  # checked, and nothing to do: groups are found anyway
     return _then(
@@ -290,13 +288,6 @@ def _size(call: OpCall, dim: Dim) -> Value:
     return call.emit("dim_to_float", (), ScalarType("float"), attrs=(("dim", dim),))
 
 
-def _reshaped(call: OpCall, x: Value, dims: tuple[Dim, ...]) -> Value:
-    """``x`` as ``dims`` of as many elements (grouped heads merged or split again)."""
-    if x.type.dims == dims:
-        return x
-    return call.emit("reshape", (x,), x.type.with_(dims=dims), attrs=(("shape", dims),))
-
-
 # ---------------------------------------------------------------- normalisations
 
 
@@ -355,7 +346,7 @@ def _rms_norm(call: OpCall) -> object:
     0.00098 for f16), not ``rmsnorm``'s 1e-6. Its gradient is ``rmsnorm``'s."""
     x = _float_input(call, "input")
     _normalized_last(call, x)
-    eps = Const(_machine_eps(x.type.dtype)) if _absent(call, "eps") else call.ev("eps")
+    eps = Const(_machine_eps(x.type.dtype)) if call.left_out("eps") else call.ev("eps")
     return _then(call, "rmsnorm", call.ev("input"), _passed(call, "weight"), eps=eps)
 
 
@@ -380,29 +371,208 @@ def _normalize(call: OpCall) -> object:
     return _then(call, "div", x, _then(call, "maximum", norm, eps))
 
 
-# ----------------------------------------------------------------------- losses
+@register("cosine_similarity", P("x1"), P("x2"), P("dim", 1), P("eps", 1e-8))
+def _cosine_similarity(call: OpCall) -> object:
+    """PyTorch's ``torch.nn.functional.cosine_similarity``: ``sum(x1 / max(||x1||, eps)
+    * x2 / max(||x2||, eps), dim)``, the cosine of the angle between the vectors along
+    ``dim`` (default 1, as PyTorch's; ``dim=-1`` for the last axis), each 2-norm clamped
+    to at least ``eps`` before the division, as PyTorch 2's (so that a zero vector gives
+    0, not NaN). ``x1`` and ``x2`` broadcast; the result drops ``dim``. Float inputs.
+    Its gradient is that of the ops it is made of, PyTorch's wherever a norm is at
+    least ``eps``; below it, the division's alone (as ``normalize``'s), where PyTorch's
+    also flows through the norm as if it were not clamped."""
+    a, b = _float_input(call, "x1"), _float_input(call, "x2")
+    dims = broadcast(call, "x1", "x2", a.type.dims, b.type.dims)
+    axis = call.axis("dim", len(dims))
+    eps = call.number("eps")
+    unit = []
+    for name, value in (("x1", a), ("x2", b)):
+        v = call.ev(name) if value.type.dims == dims else _then(call, "broadcast_to", value, dims)
+        norm = _then(call, "maximum", _then(call, "norm", v, None, axis, True), eps)
+        unit.append(_then(call, "div", v, norm))
+    return _then(call, "sum", _then(call, "mul", *unit), axis)
 
 
-@register("mse_loss", P("input"), P("target"), P("reduction", "mean", keyword_only=True))
-def _mse_loss(call: OpCall) -> object:
-    """PyTorch's ``torch.nn.functional.mse_loss``: the squared differences ``(input -
-    target)**2`` of two float tensors of one shape (PyTorch's broadcasts two others, with
-    a warning; here that is an error), their mean over every element (the default, a 0-d
-    f32 tensor), their ``"sum"``, or ``"none"`` (each one, of the inputs' shape). Its
-    gradient is the ops'."""
-    x, target = _float_input(call, "input"), _float_input(call, "target")
+# ---------------------------------------------------------------- tensor algebra
 
-    def mismatch() -> str:
-        return (f"input and target must have one shape: {call.shape_of('input')}, "
-                f"{call.shape_of('target')}")  # fmt: skip
 
-    if x.type.rank != target.type.rank:
-        raise call.error(mismatch(), at="target")
-    for axis, (a, b) in enumerate(zip(x.type.dims, target.type.dims, strict=True)):
-        call.same_dim(a, b, mismatch, f"mse_loss dim {axis}", ("input", "target"))
-    reduction = reduction_argument(call)
-    difference = _then(call, "sub", call.ev("input"), call.ev("target"))
-    squares = _then(call, "mul", difference, difference)
-    if reduction == "none":
-        return squares
-    return _then(call, reduction, squares, None)
+@register("outer", P("input"), P("vec2"))
+def _outer(call: OpCall) -> object:
+    """The outer product of two vectors, as PyTorch's ``torch.outer`` (numpy's
+    ``outer``): ``out[i, j] = input[i] * vec2[j]``, ``[N] x [M] -> [N, M]``, the two
+    broadcast against each other (``input[:, None] * vec2[None, :]``), computed where
+    the product is read. Vectors only, as PyTorch's (numpy's flattens others: write
+    ``outer(x.flatten(), y.flatten())``). The dtype is the wider of the two. Its gradient
+    is the product's."""
+    vectors = [call.tensor(name) for name in ("input", "vec2")]
+    for name, v in zip(("input", "vec2"), vectors, strict=True):
+        if v.type.rank != 1:
+            raise call.error(
+                f"'{name}' must be a vector, as PyTorch's; {call.shape_of(name)} (numpy's "
+                f"outer flattens it: write {call.ev(name).text}.flatten())",
+                at=name,
+            )
+    one = Dim.const(1)
+    column = _reshaped(call, vectors[0], (vectors[0].type.dims[0], one))
+    row = _reshaped(call, vectors[1], (one, vectors[1].type.dims[0]))
+    return _then(call, "mul", column, row)
+
+
+@register("gather", P("input"), P("dim"), P("index"), P("sparse_grad", False, keyword_only=True))
+def _gather(call: OpCall) -> object:
+    """PyTorch's ``torch.gather`` (and ``x.gather(dim, index)``): ``out[i][j] =
+    input[i][index[i][j]]`` for ``dim=1``, the elements of ``input`` picked along ``dim``
+    by an integer tensor ``index`` of ``input``'s rank; the result has ``index``'s shape.
+    On the other dims ``index`` is at most ``input``'s size, as PyTorch's: where it is
+    smaller, the gather reads the leading block of ``input`` (a slice, checked when the
+    function is called where a size is symbolic). It is numpy's ``take_along_axis(input,
+    index, axis=dim)``, with its checks (an index parameter out of range is a
+    ``ValueError`` before the launch; a computed one is clamped) and its gradient
+    (``scatter_add``, dense: ``sparse_grad=True`` is taken and changes nothing). An
+    integer ``input`` is gathered as f32 and cast back (exact below 2**24)."""
+    x, index = call.tensor("input"), call.tensor("index")
+    call.const("sparse_grad", bool)
+    if index.type.dtype.kind != "int":
+        raise call.error(
+            f"'index' must be an integer tensor; {call.ev('index').text} is {index.type.dtype}",
+            at="index",
+        )
+    if index.type.rank != x.type.rank:
+        raise call.error(
+            f"'index' must have input's rank; {call.shape_of('input')}, {call.shape_of('index')}",
+            at="index",
+        )
+    axis = call.axis("dim", max(x.type.rank, 1))
+    dims = list(x.type.dims)
+    for k, (have, want) in enumerate(zip(x.type.dims, index.type.dims, strict=True)):
+        if k == axis or have == want:
+            continue
+        if have.constant is not None and want.constant is not None:
+            if want.constant > have.constant:
+                raise call.error(
+                    f"'index' is larger than input on dim {k}: {call.shape_of('input')}, "
+                    f"{call.shape_of('index')}",
+                    at="index",
+                )
+        else:
+            reason = f"{call.shown}: index size {want} <= input size {have} on dim {k}"
+            call.emitter.guard("at_most", want, have, reason, call.span)
+        dims[k] = want
+    source = _as_dtype(call, x, F32) if not x.type.dtype.is_float else x
+    if dims != list(x.type.dims):
+        attrs = (("perm", tuple(range(x.type.rank))), ("starts", (Dim.const(0),) * x.type.rank))
+        block = TensorType(tuple(dims), source.type.dtype)
+        source = call.emit("slice", (source,), block, attrs=attrs)
+    written = call.ev("input")  # errors name the input as the user wrote it
+    picked = _then(call, "take_along_axis", Ev(source, written.span, written.text),
+                   call.ev("index"), axis)  # fmt: skip
+    return _as_dtype(call, picked, x.type.dtype)
+
+
+@register(
+    "repeat_interleave", P("input"), P("repeats"), P("dim", None),
+    P("output_size", None, keyword_only=True),
+)  # fmt: skip
+def _repeat_interleave(call: OpCall) -> object:
+    """PyTorch's ``torch.repeat_interleave`` (and ``x.repeat_interleave(n, dim=)``) with
+    an integer count: each element repeated ``repeats`` times along ``dim``, in place
+    (``[a, b]`` twice is ``[a, a, b, b]``); without ``dim``, of the input flattened, as
+    PyTorch's. ``k.repeat_interleave(H // G, dim=1)`` expands grouped-query keys ``[B, G,
+    S, D]`` to ``H`` heads. ``repeats`` is a positive integer or a size; a tensor of
+    counts is not taken. It is a broadcast along a new axis after ``dim`` and a reshape
+    merging the two: the copies are written once, by the elementwise kernel of the ops
+    before them (a reshape of a broadcast is no view), and its gradient sums each
+    element's copies. ``output_size``, if given, is checked."""
+    x = call.tensor("input")
+    if isinstance(call.raw("repeats"), Value) and isinstance(call.raw("repeats").type, TensorType):
+        raise call.error(
+            "'repeats' must be an integer (a count for every element); a tensor of counts "
+            f"is not taken: {call.ev('repeats').text} is a tensor",
+            at="repeats",
+        )
+    count = call.dim("repeats")
+    if count.constant is not None and count.constant < 1:
+        raise call.error(f"'repeats' must be positive, not {count}", at="repeats")
+    if call.left_out("dim"):
+        x = _reshaped(call, x, (math.prod(x.type.dims, start=Dim.const(1)),))
+        axis = 0
+    else:
+        axis = call.axis("dim", max(x.type.rank, 1))
+    if x.type.rank == 0:
+        raise call.error(f"'dim' names no axis of a 0-d tensor; {call.shape_of('input')}",
+                         at="dim")  # fmt: skip
+    dims = x.type.dims
+    result = (*dims[:axis], dims[axis] * count, *dims[axis + 1 :])
+    if not call.left_out("output_size"):
+        call.same_dim(
+            call.dim("output_size"), result[axis],
+            lambda: f"output_size {call.ev('output_size').text} is not {result[axis]}",
+            "repeat_interleave output_size", ("input",),
+        )  # fmt: skip
+    spread = (*dims[: axis + 1], Dim.const(1), *dims[axis + 1 :])
+    wide = (*dims[: axis + 1], count, *dims[axis + 1 :])
+    copies = _then(call, "broadcast_to", _reshaped(call, x, spread), wide)
+    return _reshaped(call, copies, result)
+
+
+@register("pad", P("input"), P("pad"), P("mode", "constant"), P("value", None))
+def _pad(call: OpCall) -> object:
+    """PyTorch's ``torch.nn.functional.pad`` in ``"constant"`` mode: ``input`` with
+    ``value`` (default 0) added around it, ``pad`` giving the counts in PyTorch's
+    order, from the last dim backwards: ``(left, right)`` pads the last dim, ``(left,
+    right, top, bottom)`` the last two, and so on (numpy's ``pad`` takes them the other
+    way round). The counts are integers at least 0 (PyTorch's negative ones crop: slice
+    instead); ``"reflect"``, ``"replicate"`` and ``"circular"`` are not taken. Each
+    padded dim is one pass of the library's ``pad`` kernel (the input's elements written
+    into zeros), and ``value`` is set in the new elements where a kernel reads them; the
+    dtype is the input's (integers exact below 2**24). Its gradient is a slice."""
+    x = call.tensor("input")
+    mode = call.const("mode", str)
+    if mode != "constant":
+        raise call.error(
+            f"mode {mode!r} is not taken; only 'constant' (the default) pads here", at="mode"
+        )
+    counts = call.const("pad", tuple, list)
+    if len(counts) % 2 or not all(type(c) is int for c in counts):
+        raise call.error(
+            f"'pad' holds pairs of integers, (left, right) for each dim from the last; "
+            f"{call.ev('pad').text} is not",
+            at="pad",
+        )
+    if len(counts) // 2 > x.type.rank:
+        raise call.error(f"'pad' pads {len(counts) // 2} dims; {call.shape_of('input')}", at="pad")
+    if any(c < 0 for c in counts):
+        raise call.error(
+            f"'pad' {tuple(counts)} has a negative count, which PyTorch crops by: slice "
+            "the input instead",
+            at="pad",
+        )
+    value = 0.0 if call.left_out("value") else call.number("value")
+    out = _as_dtype(call, x, F32)
+    for k in range(len(counts) // 2):
+        before, after = counts[2 * k], counts[2 * k + 1]
+        if before or after:
+            out = _padded_axis(call, out, x.type.rank - 1 - k, before, after, value)
+    return _as_dtype(call, out, x.type.dtype)
+
+
+def _padded_axis(call: OpCall, x: Value, axis: int, before: int, after: int, value: float) -> Value:
+    """``x`` (f32) with ``before`` and ``after`` elements of ``value`` around ``axis``: the
+    library's ``pad`` of ``x`` seen as rows whose columns are ``axis`` and the axes after
+    it, then ``value`` where the new elements lie."""
+    dims = x.type.dims
+    inner = math.prod(dims[axis + 1 :], start=Dim.const(1))
+    rows = math.prod(dims[:axis], start=Dim.const(1))
+    size = dims[axis] + before + after
+    like = _zeros(call, (Dim.const(1), size * inner))  # gives the kernel its row length
+    flat = _reshaped(call, x, (rows, dims[axis] * inner))
+    padded = call.emit("pad", (flat, like), TensorType((rows, size * inner), F32),
+                       attrs=(("start", inner * before),))  # fmt: skip
+    out = _reshaped(call, padded, (*dims[:axis], size, *dims[axis + 1 :]))
+    if value == 0.0:
+        return out
+    index = indices_of(call, out.type.dims, axis)
+    end = _as_scalar(DimValue(dims[axis] + before), call)
+    inside = _then(call, "logical_and", _then(call, "greater_equal", index, float(before)),
+                   _then(call, "less", index, end))  # fmt: skip
+    return _then(call, "where", inside, out, value)

@@ -486,8 +486,8 @@ def _kernels(
                 kernels[-1].anchor = index
             target = len(kernels) - 1
         kernels[target].add((*viewed, index), ops)
-        for result in op.results:
-            kernel_of[result.id] = target
+        for i in (*viewed, index):  # a view's too: ``_read_before`` asks where it is read
+            kernel_of.update((r.id, target) for r in ops[i].results)
     for indices in views.values():  # returned as they are
         last = ops[indices[-1]]
         source = kernel_of.get(last.operands[0].id) if last.operands else None

@@ -275,8 +275,11 @@ def _logical(call: OpCall) -> object:
     values = [call.raw(name) for name in names]
     for name, value in zip(names, values, strict=True):
         if not is_mask(value):
+            numbers = isinstance(value, Value) and isinstance(value.type, (TensorType, TileType))
+            nonzero = f" (numpy's reading of numbers: {call.ev(name).text} != 0)" if numbers else ""
             raise call.error(
-                f"'{name}' must be a mask (a comparison, such as x > 0.0), not {describe(value)}",
+                f"'{name}' must be a mask (a comparison, such as x > 0.0), not "
+                f"{describe(value)}{nonzero}",
                 at=name,
             )
     if len({type(v.type) for v in values}) > 1:
@@ -319,6 +322,18 @@ def _logical_rule(kind: str) -> Callable[[OpCall], object]:
 for _kind in ("logical_and", "logical_or"):
     register(_kind, P("a"), P("b"), level="any")(_logical_rule(_kind))
 register("logical_not", P("x"), level="any")(_logical_rule("logical_not"))
+
+
+@register("logical_xor", P("a"), P("b"), level="any")
+def _logical_xor(call: OpCall) -> object:
+    """A mask true where exactly one of ``a`` and ``b`` is, elementwise with NumPy
+    broadcasting, as numpy's and PyTorch's ``logical_xor``: ``(x > 0.0) ^ (y > 0.0)``
+    holds where the two differ in sign. The operands are masks (comparisons, or these);
+    a tensor of numbers is compared first (``x != 0.0``). It is ``(a or b) and not (a
+    and b)``, which ``where`` and ``cast`` read."""
+    a, b = call.ev("a"), call.ev("b")
+    both = _then(call, "logical_not", _then(call, "logical_and", a, b))
+    return _then(call, "logical_and", _then(call, "logical_or", a, b), both)
 
 
 def _where(call: OpCall) -> object:
@@ -1866,6 +1881,8 @@ def _shape_arg(call: OpCall, name: str) -> tuple[Dim | None, ...]:
     return tuple(dims)
 
 
+from . import activations as _activations  # noqa: E402,F401  (PyTorch's activations)
 from . import array_ops as _array_ops  # noqa: E402,F401  (registers shapes, fills, joins)
 from . import collectives as _collectives  # noqa: E402,F401  (registers the collectives)
 from . import functional as _functional  # noqa: E402,F401  (registers PyTorch's F names)
+from . import losses as _losses  # noqa: E402,F401  (PyTorch's losses)

@@ -147,6 +147,11 @@ class OpCall:
     def ev(self, name: str) -> Ev:
         return self.args[name]
 
+    def left_out(self, name: str) -> bool:
+        """The argument was left out, or passed as ``None`` (an optional tensor, such as
+        PyTorch's ``bias=None``)."""
+        return self.raw(name) == Const(None)
+
     def raw(self, name: str) -> Any:
         """The argument's value, or the parameter's default."""
         if name in self.args:

@@ -24,8 +24,10 @@ _OPERATORS = {
     **{kind: symbol for symbol, kind in COMPARISONS.items()},
 }  # fmt: skip
 #: How the ops of masks are written: Python's words, and numpy's operators.
-_WORDS = {"logical_and": ("a and b", "a & b"), "logical_or": ("a or b", "a | b"),
-          "logical_not": ("not x", "~x"), "neg": ("-x",)}  # fmt: skip
+_WORDS = {"logical_and": ("a and b", "a & b", "logical_and(a, b)"),
+          "logical_or": ("a or b", "a | b", "logical_or(a, b)"),
+          "logical_not": ("not x", "~x", "logical_not(x)"),
+          "logical_xor": ("a ^ b", "logical_xor(a, b)"), "neg": ("-x",)}  # fmt: skip
 
 _INTRO = """\
 # Operations
@@ -66,10 +68,17 @@ PyTorch's `torch.nn.functional` names are builtins with PyTorch's signatures and
 `F.` left off: `linear(x, weight, bias)` (the weight `[out_features, in_features]`, read
 in place), `bmm`, `scaled_dot_product_attention` (`flash_attention`; with `attn_mask`, a
 mask or an additive one, the attention written out as PyTorch's math), `layer_norm` and
-`rms_norm` (over the last dim, `normalized_shape` naming it), `normalize`, `mse_loss`,
-`cross_entropy`, `embedding`, `softmax(x, dim=-1)`, `log_softmax`, `relu`, `silu`,
-`softplus`, `leaky_relu`, `elu` and `gelu` (whose default is the tanh approximation:
-PyTorch's `approximate="none"` is the exact one).
+`rms_norm` (over the last dim, `normalized_shape` naming it), `normalize`,
+`cosine_similarity`, `pad` (constant mode, the counts from the last dim backwards), the
+losses (`mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`, `binary_cross_entropy`,
+`binary_cross_entropy_with_logits`, `nll_loss`, `cross_entropy`), `embedding`,
+`softmax(x, dim=-1)`, `log_softmax`, the activations (`relu`, `relu6`, `hardtanh`,
+`hardsigmoid`, `hardswish`, `silu`, `mish`, `softplus`, `logsigmoid`, `softsign`,
+`leaky_relu`, `elu`, `selu`, `celu`, `glu`, and `gelu`, whose default is the tanh
+approximation: PyTorch's `approximate="none"` is the exact one), and `torch`'s `outer`,
+`gather(x, dim, index)` and `repeat_interleave(x, n, dim=)` (methods too:
+`x.gather(1, idx)`, `k.repeat_interleave(2, dim=1)`). numpy's and PyTorch's
+`logical_and`, `logical_or`, `logical_not` and `logical_xor` are the ops of masks.
 
 Shapes are written with symbolic dims: `[M, K]`. When two dims must be equal and are
 different names, or different numbers, it is an error; when one is a name and the other a
