@@ -35,7 +35,7 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
     kind = problem.works_like
     if kind == "gemm":
         smem = stages * (bm * bk + bk * bn) * size
-        accumulators = bm * bn // threads
+        accumulators = problem.held * bm * bn // threads
     elif kind == "attention":
         smem = (bm * bd + stages * 2 * bn * bd) * size
         # Scores of FMA loops (a dtype the arch's matrix cores do not take), and of tf32
