@@ -325,19 +325,6 @@ def _dequant_product(a: dict[str, Any]) -> dict[str, np.ndarray]:
     return {"out": f64(a["a"]) @ f64(w)}
 
 
-def _int8_parts(a: dict[str, Any]) -> dict[str, np.ndarray]:
-    """``gemm_i8``'s two parts: each block of 64 rows of K sums exactly to ``s``, split
-    into ``round(s / 4096)`` (ties to even), summed into ``out0``, and the rest into
-    ``out1`` (docs/numerics.md, W8A8)."""
-    x, y = a["a"].astype(np.int64), a["b"].astype(np.int64)
-    high = low = np.zeros((x.shape[0], y.shape[1]), np.int64)
-    for k in range(0, x.shape[1], 64):
-        s = x[:, k : k + 64] @ y[k : k + 64]
-        h = np.rint(s / 4096).astype(np.int64)
-        high, low = high + h, low + (s - 4096 * h)
-    return {"out0": high, "out1": low}
-
-
 def _qkv(shape: tuple[int, ...], names: str = "QKV") -> Callable[[np.random.Generator], dict]:
     return lambda rng: {n: _normal(rng, shape, BF16) for n in names}
 
@@ -402,10 +389,6 @@ CASES = (
          _dequant_product, 1e-5),
     Case("tessera/stdlib/gemm_dequant_grouped.tsr", "gemm_dequant_grouped",
          _dequant_inputs(32, False, 160), _dequant_product, 1e-5),
-    Case("tessera/stdlib/gemm_i8.tsr", "gemm_i8",
-         lambda rng: {"a": rng.integers(-128, 128, (M, 300), dtype=np.int8),
-                      "b": rng.integers(-128, 128, (300, N), dtype=np.int8)},
-         _int8_parts, 1e-7),
     Case("tessera/stdlib/flash_attention.tsr", "flash_attention",
          lambda rng: {**_qkv((B * H, S, D), "qkv")(rng), "causal": True, "scale": 0.2},
          lambda a: {"out": attention(a["q"], a["k"], a["v"], causal=True, scale=0.2)}),

@@ -222,6 +222,20 @@ def test_the_tile_interpreter_joins_the_parts_exactly() -> None:
     np.testing.assert_array_equal(out, _exact(a, b))
 
 
+@pytest.mark.parametrize(
+    ("target", "arch"),
+    [("cpu", None), ("opencl", None), ("cuda", "sm_80"), ("cuda", "sm_90a"), ("hip", "gfx90a"),
+     ("sycl", None)],
+)  # fmt: skip
+def test_each_block_of_k_sums_below_two_to_the_24(target: str, arch: str | None) -> None:
+    """``gemm_i8`` splits each block's dot exactly only while it is below 2^24: every
+    target's schedule takes at most 1024 rows of K a block (2^14 each)."""
+    program = tessera.compile(SOURCE, "w8a8.tsr", target=target, arch=arch, until="sched")
+    blocks = [dict(launch.tiles)["T.k"] for p in program.ir("sched").programs
+              for launch in p.launches if launch.template == "gemm_i8"]  # fmt: skip
+    assert blocks and all(0 < k <= 1024 for k in blocks), blocks
+
+
 def test_a_symbolic_k_is_checked_at_the_call() -> None:
     """K = 131071 at most: the check names the product's dim; the largest K passes it."""
     lib = tessera.compile(SOURCE, filename="w8a8.tsr", target="cpu").load()
