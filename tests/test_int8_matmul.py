@@ -52,6 +52,13 @@ def vectors(a: Tensor["M", "K", i8], v: Tensor["K", i8], b: Tensor["K", "N", i8]
 
 
 @jit
+def both(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8], s: Tensor["N", f32]
+         ) -> tuple[Tensor["M", "N", i32], Tensor["M", "N", f32]]:
+    y = x @ w
+    return y, cast(y, f32) * s
+
+
+@jit
 def w8a8(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8], x_scale: Tensor["M", f32],
          w_scale: Tensor["N", f32]) -> Tensor["M", "N", f32]:
     return cast(x @ w, f32) * x_scale[:, None] * w_scale[None, :]
@@ -145,6 +152,19 @@ def test_w8a8_scales_round_the_exact_sum_once(built: Any) -> None:
     # bit for bit against NumPy's f32 steps of the exact sum
     steps = exact.astype(np.float32) * xs[:, None] * ws[None, :]
     np.testing.assert_array_equal(have, steps)
+
+
+def test_the_product_returned_and_scaled_too(built: Any) -> None:
+    """The exact product read twice in one kernel, stored and cast: both exact."""
+    rng = np.random.default_rng(8)
+    m, k, n = 21, 2100, 13
+    x, w = _int8(rng, m, k), _int8(rng, k, n)
+    x[:4], w[:, :3] = -127, -127
+    s = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    y, scaled = built.both(x, w, s, out=(_poisoned((m, n)), np.full((m, n), np.nan, np.float32)))
+    exact = _exact(x, w)
+    np.testing.assert_array_equal(np.asarray(y), exact)
+    np.testing.assert_array_equal(np.asarray(scaled), exact.astype(np.float32) * s)
 
 
 def _error(source: str) -> CompileError:
