@@ -256,6 +256,20 @@ def test_each_block_of_k_sums_below_two_to_the_24(target: str, arch: str | None)
     assert blocks and all(0 < k <= 1024 for k in blocks), blocks
 
 
+def test_a_schedule_of_longer_blocks_of_i8_is_refused() -> None:
+    """A schedule (explicit, or a tuned one) whose i8 blocks of K could sum past 2^24."""
+    error = _error(
+        "@kernel.schedule(Schedule(block=(64, 64), k=2048))\n"
+        'def t(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", f32]:\n'
+        "    T = tile.context()\n"
+        "    acc = tile.zeros((T.m, T.n), f32)\n"
+        "    for kb in tile.range_n(x.shape[-1], T.k):\n"
+        "        acc += tile.dot(tile.load(x, rows=T.m, cols=kb), tile.load(w, kb, cols=T.n))\n"
+        "    return acc\n"
+    )
+    assert "a K block of 2048 rows of i8 operands" in error.diagnostics[0].message
+
+
 def test_a_symbolic_k_is_checked_at_the_call() -> None:
     """K = 131071 at most: the check names the product's dim; the largest K passes it."""
     lib = tessera.compile(SOURCE, filename="w8a8.tsr", target="cpu").load()
