@@ -16,12 +16,13 @@ becomes
 ``gemm_i8`` keeps the sum in two f32 accumulators that stay exact integers (docs/
 numerics.md, W8A8) and ``join_i32`` adds them in integer arithmetic on every target. An
 ``f32(y)`` after it (a W8A8 layer's scales) is the exact sum rounded once to f32, and
-fuses with the join into one elementwise kernel. Batch dims are the product's own.
+fuses with the join into one elementwise kernel. Batch dims are the product's own; a
+``[N, K]`` weight (``a @ b.T``) is transposed into ``[K, N]`` first.
 
 Other i32 arithmetic (``a @ b + c``, a sum, a transpose) computes in f32, as every i32
 op of a graph function does, exact below 2^24; a product's sums reach 2^14 * K, so a
 product read by anything but a float cast or a reshape (a view) must have K at most
-``F32_EXACT_K``: an error at the reader's line where K is known, a run-time guard where
+``I8_EXACT_ROWS``: an error at the reader's line where K is known, a run-time guard where
 it is symbolic, never a rounded integer.
 """
 
@@ -31,18 +32,16 @@ from dataclasses import replace
 
 from ..frontend.diagnostics import CompileError, Diagnostic, Note, Severity
 from .dims import Dim
-from .dtypes import F32
+from .dtypes import F32, I8_EXACT_ROWS
 from .ir import Block, Function, GraphModule, Guard, Op, TileCallee, Value, new_value, walk
 from .library import stdlib_kernel
 from .rewrite import map_functions
 from .types import TensorType
 
-__all__ = ["int8_products", "JOIN_RADIX", "F32_EXACT_K"]
+__all__ = ["int8_products", "JOIN_RADIX"]
 
 #: The weight of ``gemm_i8``'s high part: the sum is ``high * JOIN_RADIX + low``.
 JOIN_RADIX = 4096
-#: The longest K whose sums (at most 2^14 * K) an f32 holds exactly: 2^24 / 2^14.
-F32_EXACT_K = 1024
 
 
 def int8_products(module: GraphModule) -> GraphModule:
@@ -68,14 +67,14 @@ def _check_readers(op: Op, readers: dict[int, list[Op]], guards: list[Guard]) ->
     """Refuse, or guard at run time, i32 arithmetic in f32 on sums that it could round."""
     k = op.operands[0].type.dims[-1]
     reader = _integer_reader(op.result, readers)
-    if reader is None or (k.constant is not None and k.constant <= F32_EXACT_K):
+    if reader is None or (k.constant is not None and k.constant <= I8_EXACT_ROWS):
         return
     why = (
         f"i32 arithmetic on an i8 product's result ({reader.kind} here) is computed in f32, "
-        f"exact below 2^24, which the product's sums pass where K is over {F32_EXACT_K}"
+        f"exact below 2^24, which the product's sums pass where K is over {I8_EXACT_ROWS}"
     )
     if k.constant is None:
-        guard = Guard("at_most", k, Dim.const(F32_EXACT_K), why, reader.span)
+        guard = Guard("at_most", k, Dim.const(I8_EXACT_ROWS), why, reader.span)
         if all((g.kind, g.left, g.right) != (guard.kind, k, guard.right) for g in guards):
             guards.append(guard)
         return

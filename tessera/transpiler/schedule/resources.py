@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ...frozen import frozen
+from ..graph.dtypes import I8_EXACT_ROWS
 from .hardware import GRID_COLUMNS, KIB, Hardware, covers, instruction
 from .problem import Problem
 
-__all__ = ["Resources", "resources", "I8_BLOCK_K"]
+__all__ = ["Resources", "resources"]
 
 
 @frozen
@@ -21,11 +22,6 @@ class Resources:
 
 def _kib(n: int) -> str:
     return f"{n // KIB} KiB" if n % KIB == 0 else f"{n / KIB:.1f} KiB"
-
-
-#: The most rows of K in a block of an i8 product: 1024 products of at most 2^14 sum to
-#: at most 2^24, where an f32 (a tile's element) still holds every integer.
-I8_BLOCK_K = 1024
 
 
 def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resources:
@@ -73,12 +69,12 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
         accumulators = 0
     problems: list[str] = []
     where = f"{hw.arch}" if hw.target != "cpu" else f"the {hw.arch} CPU target"
-    if kind == "gemm" and problem.dtype.name == "i8" and bk > I8_BLOCK_K:
+    if kind == "gemm" and problem.dtype.name == "i8" and bk > I8_EXACT_ROWS:
         # a block's dot of i8s is exact only below 2^24 (docs/numerics.md), which
         # gemm_i8's split of each block into two exact parts relies on
         problems.append(
             f"a K block of {bk} rows of i8 operands sums up to 2^14 * {bk}, past 2^24, "
-            f"which an f32 holds exactly; at most {I8_BLOCK_K}"
+            f"which an f32 holds exactly; at most {I8_EXACT_ROWS}"
         )
     if hw.kind == "gpu":
         if threads > hw.max_threads:
