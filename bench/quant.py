@@ -19,8 +19,12 @@ bound by reading it would reach. And low-precision GEMM at 2048 against numpy's 
 (``np.matmul`` of f32 copies) in the same run: a bf16 matmul with an f32 result on
 ``vdpbf16ps``, beside the same program built with ``-DTSR_PORTABLE_SUMS`` (the f32
 micro-kernel, as before), and an int8 GEMM tile kernel on ``vpdpbusd`` beside its
-portable build; ``--gemm`` runs only these and updates their entry. Results go to
-``bench/results/quant.json``.
+portable build; ``--gemm`` runs only these and updates their entry. ``--w8a8`` times
+the graph-level ``x @ w`` of int8s (the exact i32 product: the library's ``gemm_i8`` and
+the join of its two parts, ``graph/int8_products.py``) and a W8A8 layer (that product
+cast to f32 and scaled per row and per column, fused with the join) at 2048 against
+numpy's SGEMM on f32 copies and the int8 tile kernel above, and updates its entry.
+Results go to ``bench/results/quant.json``.
 """
 
 from __future__ import annotations
@@ -267,6 +271,55 @@ def _gemm(rng: np.random.Generator) -> dict[str, object]:
     return case
 
 
+#: The graph-level int8 product (exact, i32) and a W8A8 layer after it.
+W8A8_SOURCE = """
+@jit
+def int_mm(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8]) -> Tensor["M", "N", i32]:
+    return x @ w
+
+
+@jit
+def w8a8(x: Tensor["M", "K", i8], w: Tensor["K", "N", i8], x_scale: Tensor["M", f32],
+         w_scale: Tensor["N", f32]) -> Tensor["M", "N", f32]:
+    return cast(x @ w, f32) * x_scale[:, None] * w_scale[None, :]
+"""
+
+
+def _w8a8(rng: np.random.Generator) -> dict[str, object]:
+    """The graph-level int8 product and W8A8 layer at 2048 against numpy's SGEMM on f32
+    copies, beside the int8 tile kernel of ``GEMM_SOURCE`` (one f32 accumulator, exact
+    only below 2^24: the main loop's speed without the exact parts), as FLOP rates."""
+    graph = tessera.compile(W8A8_SOURCE, filename="w8a8.tsr", target="cpu").load()
+    tile = tessera.compile(GEMM_SOURCE, filename="gemm.tsr", target="cpu").load()
+    x = rng.integers(-128, 128, (GEMM, GEMM), dtype=np.int8)
+    w = rng.integers(-128, 128, (GEMM, GEMM), dtype=np.int8)
+    xs = rng.uniform(0.001, 0.01, GEMM).astype(np.float32)
+    ws = rng.uniform(0.001, 0.01, GEMM).astype(np.float32)
+    x32, w32 = x.astype(np.float32), w.astype(np.float32)
+    exact = (x.astype(np.float64) @ w.astype(np.float64)).astype(np.int64)  # < 2^53: exact
+    acc, out = np.empty((GEMM, GEMM), np.int32), np.empty((GEMM, GEMM), np.float32)
+    assert np.array_equal(graph.int_mm(x, w, out=acc), exact)
+    scaled = exact.astype(np.float32) * xs[:, None] * ws[None, :]
+    assert np.array_equal(graph.w8a8(x, w, xs, ws, out=out), scaled)
+    seconds = _median_seconds({
+        "tessera_graph_i8_matmul_i32": lambda: graph.int_mm(x, w, out=acc),
+        "tessera_graph_w8a8_scaled_f32": lambda: graph.w8a8(x, w, xs, ws, out=out),
+        "tessera_tile_i8_one_f32_accumulator": lambda: tile.gemm_i8(x, w, out=out),
+        "numpy_sgemm_f32": lambda: np.matmul(x32, w32),
+    })  # fmt: skip
+    flops = 2.0 * GEMM**3
+    numpy = seconds["numpy_sgemm_f32"]
+    case = {
+        "m": GEMM, "n": GEMM, "k": GEMM,
+        "ms": {k: round(v * 1e3, 2) for k, v in seconds.items()},
+        "gflop_per_s": {k: round(flops / v / 1e9, 1) for k, v in seconds.items()},
+        "ratio_over_numpy_sgemm": {
+            k: round(numpy / v, 3) for k, v in seconds.items() if k != "numpy_sgemm_f32"},
+    }  # fmt: skip
+    print(json.dumps(case))
+    return case
+
+
 def _graph_case(
     m: int, fused: Callable[..., Any], two_steps: Callable[..., None], tile: Callable[..., Any],
     q: np.ndarray, scale: np.ndarray, weight: torch.Tensor, rng: np.random.Generator,
@@ -327,6 +380,15 @@ def main() -> None:
         threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
         result[f"graph_level_{threads}_threads"] = {
             **_graph_level(lib, graph, np.random.default_rng(0)), "runs": RUNS,
+            "machine": machine(load_before), "noise": GRAPH_NOISE}  # fmt: skip
+        write_file(RESULTS, json.dumps(result, indent=2) + "\n")
+        return
+    if "--w8a8" in sys.argv[1:]:
+        load_before = os.getloadavg()[0]
+        result = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        threads = os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))
+        result[f"graph_w8a8_{threads}_threads"] = {
+            **_w8a8(np.random.default_rng(0)), "runs": RUNS,
             "machine": machine(load_before), "noise": GRAPH_NOISE}  # fmt: skip
         write_file(RESULTS, json.dumps(result, indent=2) + "\n")
         return

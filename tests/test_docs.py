@@ -143,7 +143,22 @@ PER_ROW = 'x: Tensor["M", "K", bf16], q: Tensor["K", "N", i8], r: Tensor["K", 1,
 VECTOR = 'v: Tensor["N", f32]'
 MATRIX = 'x: Tensor["R", "C", f32]'
 WHERE = f'{MATRIX}, b: Tensor["C", f32], y: Tensor["R", "C", f32]'
+#: A W8A8 layer: the exact product of int8s, scaled per row and per column.
+W8A8 = (
+    'x: Tensor["M", "K", i8], w: Tensor["K", "N", i8], xs: Tensor["M", f32], '
+    'ws: Tensor["N", f32]'
+)
+
+
+def _w8a8_kernels() -> dict[str, int]:
+    """The kernels of ``docs/numerics.md``'s W8A8 layer: in all, and elementwise ones."""
+    launches = _launches(_snippet(W8A8, "cast(x @ w, f32) * xs[:, None] * ws[None, :]"))
+    return {"n": launches.count("elementwise"), "all": len(launches)}
+
+
 FIGURES = [
+    Figure("docs/numerics.md", "the function is the product's `gemm_i8` and {n} elementwise "
+           "kernel, {all} kernels in all", _w8a8_kernels),
     Figure("README.md", "`tesserac examples/decoder_block.tsr --emit graph` shows the {n} kernels.",
            lambda: len(_launches("examples/decoder_block.tsr")), words=False),
     Figure("examples/decoder_block.tsr",

@@ -400,6 +400,7 @@ def test_pass_order() -> None:
         "simplify",
         "attention",
         "dequantized",
+        "int8_products",
         "fuse",
     ]
 

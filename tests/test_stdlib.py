@@ -29,6 +29,7 @@ EXPECTED = {
     "gemm": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),
     "gemm_dequant": ("gemm", ["ceil(N/64)", "ceil(M/128)"]),
     "gemm_dequant_grouped": ("gemm", ["ceil(N/64)", "ceil(M/128)"]),
+    "gemm_i8": ("gemm", ["ceil(N/64)", "ceil(M/128)"]),
     "gemm_nt": ("gemm", ["ceil(N/128)", "ceil(M/128)"]),
     "layernorm": ("reduction", ["ceil(R/4)"]),
     "layernorm_grad": ("reduction", ["ceil(R/4)"]),

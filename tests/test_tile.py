@@ -405,13 +405,13 @@ def test_wgmma_operands_take_the_128_byte_swizzle_from_aligned_bases(src: str) -
 
 def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> None:
     src = (
-        '@kernel\ndef f(a: Tensor["M", "K", i8],\n'
-        '      b: Tensor["K", "N", i8]) -> Tensor["M", "N", i32]:\n'
+        '@kernel\ndef f(a: Tensor["M", "K", i32],\n'
+        '      b: Tensor["K", "N", i32]) -> Tensor["M", "N", i32]:\n'
         "    return a @ b\n"
     )
     program = tessera.compile(src, target="cuda", until="sched")
     assert "launch k0" in program.inspect_ir("sched")
-    with pytest.raises(tessera.CompileError, match="a matmul of i8 operands has no tile kernel"):
+    with pytest.raises(tessera.CompileError, match="a matmul of i32 operands has no tile kernel"):
         program.ir("tile")
 
 
@@ -419,10 +419,10 @@ def test_a_group_without_a_tile_kernel_is_an_error_but_sched_still_works() -> No
     "src, messages",
     [
         (
-            '@kernel\ndef f(a: Tensor["M", "K", i8],\n'
-            '      b: Tensor["K", "N", i8]) -> Tensor["M", "N", i32]:\n'
+            '@kernel\ndef f(a: Tensor["M", "K", i32],\n'
+            '      b: Tensor["K", "N", i32]) -> Tensor["M", "N", i32]:\n'
             "    return a @ b\n",
-            ["4:12: error: a matmul of i8 operands has no tile kernel yet", "cast the operands"],
+            ["4:12: error: a matmul of i32 operands has no tile kernel yet", "cast the operands"],
         ),
         (
             '@kernel\ndef f(x: Tensor["N", f32]) -> Tensor["N", f32]:\n'

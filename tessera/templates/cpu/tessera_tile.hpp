@@ -195,6 +195,13 @@ inline float saturate_int(float x, float lo, float hi) {
 
 // ---------------------------------------------------------------- integers
 
+// The exact sum of an i8 product from its two parts, each an integer held exactly in a
+// float (the library's gemm_i8): high * radix + low in i32 arithmetic, which never
+// wraps for the K that an i8 product allows.
+inline std::int32_t join_i32(float high, float low, std::int32_t radix) {
+  return static_cast<std::int32_t>(high) * radix + static_cast<std::int32_t>(low);
+}
+
 // A cast to an integer dtype inside a kernel: the value the tensor element would hold.
 inline float round_i32(float x) { return static_cast<float>(static_cast<std::int32_t>(x)); }
 inline float round_i8(float x) {
@@ -568,6 +575,14 @@ inline void store_tile(T* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax, const
     const float* in = src + i * cols;
     for (i64 j = 0; j < valid; ++j) store_as(row + j, in[j]);
   }
+}
+
+// A tile of exact i32s (join_i32's) into an i32 tensor, with no float in between.
+inline void store_i32_tile(std::int32_t* dst, i64 ld, i64 r0, i64 c0, i64 rmax, i64 cmax,
+                           const std::int32_t* src, i64 rows, i64 cols) {
+  const i64 valid = cmax - c0 < cols ? cmax - c0 : cols;
+  for (i64 i = 0; i < rows && r0 + i < rmax; ++i)
+    std::copy_n(src + i * cols, valid, dst + (r0 + i) * ld + c0);
 }
 
 // Rows [r0, r0 + rows) of a row-major float tensor, whole: the tensor's own memory

@@ -264,6 +264,18 @@ def _vector_products(function: Function) -> Function:
             continue
         a, b = op.operands
         result = op.result.type
+        if not a.type.dtype.is_float:
+            # an integer product is exact only in its library kernel: a vector is a matrix
+            # of one row (on the left) or one column (on the right)
+            dims = list(result.dims)
+            if b.type.rank == 1:
+                b = _reshaped(ops, b, (*b.type.dims, Dim.const(1)), op.span)
+                dims.append(Dim.const(1))
+            if a.type.rank == 1:
+                a = _reshaped(ops, a, (Dim.const(1), *a.type.dims), op.span)
+                dims.insert(len(dims) - 1, Dim.const(1))
+            _reshaped_into(ops, replace(op, operands=(a, b)), tuple(dims), op.result)
+            continue
         if b.type.rank > 1:  # a vector times a matrix: the product of its one row
             row = _reshaped(ops, a, (Dim.const(1), *a.type.dims), op.span)
             dims = (*result.dims[:-1], Dim.const(1), result.dims[-1])

@@ -15,8 +15,12 @@ from ...frozen import frozen
 
 __all__ = [
     "DType", "DTYPES", "ALIASES", "BOOL", "lookup_dtype", "Policies", "promote", "accumulator",
-    "SATURATION", "saturation_error",
+    "SATURATION", "saturation_error", "I8_EXACT_ROWS",
 ]  # fmt: skip
+
+#: The most products of i8s whose sum an f32 (a tile's element) holds exactly: 1024 of
+#: at most 2^14 (``-128 * -128``) sum to at most 2^24 (docs/numerics.md, W8A8).
+I8_EXACT_ROWS = 1024
 
 
 @frozen

@@ -48,7 +48,7 @@ ELEMENTWISE_MATH = frozenset({
     "add", "sub", "mul", "div", "floordiv", "mod", "pow", "maximum", "minimum", "neg", "exp",
     "log", "sqrt",
     "rsqrt", "tanh", "sigmoid", "gelu", "silu", "relu", "abs", "round", "sin", "cos", "cast",
-    *C_MATH, "where",
+    *C_MATH, "where", "join_i32",
     *COMPARISONS.values(), *LOGICAL.values(),
 })  # fmt: skip
 
@@ -438,7 +438,10 @@ def _matmul(call: OpCall) -> object:
     sums of the products, one pass over the matrix. Both operands have one dtype; the
     result has the accumulation dtype: the operand's ``@accum`` policy, else f32 for
     floats and i32 for integers. ``a @ b.T`` reads ``b`` where it lies, with no
-    transposed copy (a ``[N, K]`` weight)."""
+    transposed copy (a ``[N, K]`` weight). Of i8 operands the result is the exact i32
+    sum (``torch._int_mm``'s, NumPy's of int32 copies), for K up to 131071, beyond which
+    it could wrap: a larger K is an error, or a run-time check where it is symbolic
+    (docs/numerics.md, W8A8); their ``a @ b.T`` copies ``b`` transposed first."""
     a, b = call.tensor("a"), call.tensor("b")
     for name, value in (("a", a), ("b", b)):
         if value.type.rank < 1:
@@ -463,12 +466,35 @@ def _matmul(call: OpCall) -> object:
             f"cast({call.ev('b').text}, {ta.dtype})",
             notes=call.notes_for("a", "b"),
         )
+    if ta.dtype.name == "i8":
+        _int8_depth(call, ta.dims[-1])
     batch = broadcast(call, "a", "b", ta.dims[:-2], tb.dims[:-2])
     policies = ta.policies if ta.policies.accum is not None else tb.policies
     dtype = accumulator(ta.dtype, policies)
     rows = ta.dims[-2:-1]  # none for a vector
     columns = tb.dims[-1:] if tb.rank > 1 else ()
     return call.emit("matmul", (a, b), TensorType((*batch, *rows, *columns), dtype))
+
+
+#: The longest K of an ``i8 @ i8`` product: its i32 sum, of K products of at most 2^14
+#: (``-128 * -128``), cannot overflow below 2^17 (docs/numerics.md, W8A8).
+INT8_MAX_K = 2**17 - 1
+
+
+def _int8_depth(call: OpCall, k: Dim) -> None:
+    """Refuse, or check at run time, a K for which an i8 product's i32 sum could wrap."""
+    if k.constant is None:
+        call.emitter.guard(
+            "at_most", k, Dim.const(INT8_MAX_K),
+            f"an i8 product's inner dimension (its i32 sum is exact up to {INT8_MAX_K})",
+            call.span,
+        )  # fmt: skip
+    elif k.constant > INT8_MAX_K:
+        raise call.error(
+            f"an i8 product's inner dimension is {k.constant}, more than {INT8_MAX_K}: its "
+            "i32 sum could overflow; split K and add the partial products in i64 or f64, "
+            "or cast the operands to a float dtype"
+        )
 
 
 # ----------------------------------------------------------------- unary math

@@ -57,6 +57,7 @@ TEMPLATE_PARAMS = {
     "norm_param_grad": ("x", "g", "stats"),
     "gemm_dequant": ("a", "q", "scale", "zero_point"),
     "gemm_dequant_grouped": ("a", "q", "scale", "zero_point"),
+    "gemm_i8": ("a", "b"),
 }
 
 

@@ -8,6 +8,7 @@ from .attention import recognize_attention
 from .canonicalize import canonicalize
 from .dequantized import dequantized_products
 from .fusion import fuse
+from .int8_products import int8_products
 from .ir import GraphModule
 from .rows import recognize_rows
 from .saturate import saturate_results
@@ -26,6 +27,7 @@ GRAPH_PASSES: list[tuple[str, GraphPass]] = [
     ("simplify", simplify),
     ("attention", recognize_attention),
     ("dequantized", dequantized_products),
+    ("int8_products", int8_products),
     ("fuse", fuse),
 ]
 

@@ -55,6 +55,13 @@ _DEQUANTIZED_GEMM = {
     "sm_80": [(128, 64, 64, 4, 3), (64, 64, 64, 4, 3)],
     "sm_90a": [(128, 64, 128, 4, 2), (64, 64, 128, 4, 2)],
 }
+# A product that keeps two accumulators (gemm_i8's exact parts, high and low) holds
+# twice the registers of one: 128 x 128 spilled 168 bytes on 8 warps on sm_80 (2184 on
+# 4), 128 x 64 on 4 warps 112; 128 x 64 on 8 warps spilled on neither arch (nvcc 13).
+_HELD_GEMM = {
+    "sm_80": [(128, 64, 64, 8, 3), (64, 64, 64, 4, 3)],
+    "sm_90a": [(128, 64, 128, 8, 3), (64, 64, 128, 4, 3)],
+}
 # (block_m queries, block_n keys, warps, stages) per family, for head dims up to 64 and 128.
 _ATTENTION = {
     "sm_80": {64: (128, 64, 4, 2), 128: (128, 32, 8, 2), 256: (64, 32, 4, 2)},
@@ -92,8 +99,10 @@ def _warps(problem: Problem, hw: Hardware, rows: int, accumulators: int, warps: 
     what bf16 ones do: a 128 x 128 SGEMM tile on 4 warps (128 accumulators a thread)
     spilled 72 bytes, on 8 warps (64) none, and so did attention's 128 x 64 block of
     scores with a head dim of 64 (16 bytes). Such tiles take twice the warps until they
-    keep at most 64 a thread, up to 8 warps and 16 rows a warp (an mma's rows)."""
-    if hw.target != "cuda" or hw.arch != "sm_80" or problem.bytes != 4:
+    keep at most 64 a thread, up to 8 warps and 16 rows a warp (an mma's rows). So do
+    tiles of several accumulators (``gemm_i8``'s two: 128 x 128 on 4 warps spilled 2184
+    bytes, on 8 none) of any operands."""
+    if hw.target != "cuda" or hw.arch != "sm_80" or (problem.bytes != 4 and problem.held == 1):
         return warps
     most = max(warps, min(8, rows // hw.mma_m))
     while warps < most and accumulators > warps * hw.lanes * _F32_OPERAND_ACCUMULATORS:
@@ -117,12 +126,14 @@ def candidates(problem: Problem, hw: Hardware) -> list[Knobs]:
         table = _GEMM[_family(hw)]
         if problem.dequantized:
             table = _DEQUANTIZED_GEMM.get(_family(hw), table)
+        if problem.held > 1:
+            table = _HELD_GEMM.get(_family(hw), table)
         shapes = [t for t in table
                   if hw.kind != "gpu" or problem.bytes < 4 or t[1] <= 128]  # fmt: skip
         return [
             {**base, "block_m": m, "block_n": n, "block_k": max(8, k // problem.bytes),
-             "block_d": head_dim_tile(problem), "warps": _warps(problem, hw, m, m * n, w),
-             "stages": s}
+             "block_d": head_dim_tile(problem),
+             "warps": _warps(problem, hw, m, m * n * problem.held, w), "stages": s}
             for m, n, k, w, s in shapes
         ]  # fmt: skip
     if kind == "attention":

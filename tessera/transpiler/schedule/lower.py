@@ -485,8 +485,11 @@ class _Scheduler:
             )
             return Problem("tile", dtype, dims[0], shape="elementwise")
         if any(op.kind == "tile.dot" for op in ops):
+            # one accumulator a result (gemm_i8's two exact parts)
+            outputs = sum(isinstance(t, TensorType) for t in result_types(f.result_type))
             return Problem("tile", dtype, dims[-2], dims[-1], loop, d=head, batch=dims[:-2],
-                           shape="gemm", dequantized=_dequantizes(ops))  # fmt: skip
+                           shape="gemm", dequantized=_dequantizes(ops),
+                           held=max(1, outputs))  # fmt: skip
         if len(dims) >= 2 and "T.n" in tiles and loop is not None:
             # Blocks of T.m columns that walk every row, T.n at a time, without a product
             # (norm_param_grad's column sums): the result's rows are the columns.

@@ -25,7 +25,8 @@ class Problem:
 
     ``held`` counts the ``m x d`` tiles an attention program holds through its loop: the
     forward pass's queries, or two in its backward pass (queries and their output's
-    gradient, or keys and values), which also stages probabilities for its products.
+    gradient, or keys and values), which also stages probabilities for its products. A
+    gemm holds ``held`` ``m x n`` accumulators, one a result (``gemm_i8``'s two parts).
     """
 
     kind: str

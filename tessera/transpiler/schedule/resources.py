@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...frozen import frozen
+from ..graph.dtypes import I8_EXACT_ROWS
 from .hardware import GRID_COLUMNS, KIB, Hardware, covers, instruction
 from .problem import Problem
 
@@ -35,7 +36,7 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
     kind = problem.works_like
     if kind == "gemm":
         smem = stages * (bm * bk + bk * bn) * size
-        accumulators = bm * bn // threads
+        accumulators = problem.held * bm * bn // threads
     elif kind == "attention":
         smem = (bm * bd + stages * 2 * bn * bd) * size
         # Scores of FMA loops (a dtype the arch's matrix cores do not take), and of tf32
@@ -68,6 +69,13 @@ def resources(problem: Problem, knobs: dict[str, object], hw: Hardware) -> Resou
         accumulators = 0
     problems: list[str] = []
     where = f"{hw.arch}" if hw.target != "cpu" else f"the {hw.arch} CPU target"
+    if kind == "gemm" and problem.dtype.name == "i8" and bk > I8_EXACT_ROWS:
+        # a block's dot of i8s is exact only below 2^24 (docs/numerics.md), which
+        # gemm_i8's split of each block into two exact parts relies on
+        problems.append(
+            f"a K block of {bk} rows of i8 operands sums up to 2^14 * {bk}, past 2^24, "
+            f"which an f32 holds exactly; at most {I8_EXACT_ROWS}"
+        )
     if hw.kind == "gpu":
         if threads > hw.max_threads:
             problems.append(

@@ -191,6 +191,8 @@ class _Emitter:
         #: Tiles that are an input tensor's own memory: read-only.
         self.views: set[str] = set()
         self.storage: list[tuple[str, Any]] = []
+        #: The storage that holds exact i32s (``join_i32``'s results), not floats.
+        self.integers: set[str] = set()
         self.uses = use_counts(kernel.body)
         #: The tile each ``expand_dims`` result views, by the result's id.
         self.viewed: dict[int, Value] = {}
@@ -343,10 +345,16 @@ class _Emitter:
         offsets = []
         total, start = "0", "area"
         for name, t in self.storage:
-            offsets.append(f"float* const {name} = {start};")
+            if name in self.integers:  # an i32 takes a float's bytes
+                offsets.append(f"std::int32_t* const {name} = "
+                               f"reinterpret_cast<std::int32_t*>({start});")  # fmt: skip
+            else:
+                offsets.append(f"float* const {name} = {start};")
             size = _whole_lines(self.numel(t), self.numel(t, named=False))
             total = size if total == "0" else f"{total} + {size}"
             start = f"{name} + {size}"
+            if name in self.integers:
+                start = f"reinterpret_cast<float*>({start})"
         code = re.sub(r"//.*", "", "\n".join((total, *offsets, *self.lines)))
         form = "constexpr tsr::i64 {name} = {value};"
         return CKernel(
@@ -587,6 +595,9 @@ class _Emitter:
             mantissa, emin = STOCHASTIC_FORMATS[out_type.dtype.name]
             place = self._position(op.attr("at"), out)
             expr = f"tsr::stochastic_round({x}, {mantissa}, {emin}, {seed}, {place})"
+        elif op.kind == "join_i32":
+            self._join(op, out)
+            return
         else:
             x = self._arg(op.operands[0], out)
             function = _UNARY.get(op.kind)
@@ -608,6 +619,19 @@ class _Emitter:
             f"{name}[{self._index(op.result, out)}] = "
             f"{_rounded(expr, out_type.dtype, bool(op.attr('saturate')))};",
         )
+
+    def _join(self, op: Op, out: tuple[Dim, ...]) -> None:
+        """``high * radix + low`` in i32 arithmetic: an exact std::int32_t, which a float
+        context converts to f32 once (as ``cast(..., f32)`` rounds), and which is kept,
+        where it is not computed inside its one consumer's loop, in storage of i32s."""
+        high, low = (self._arg(x, out) for x in op.operands)
+        expr = f"tsr::join_i32({high}, {low}, {op.attr('radix')})"
+        if self._fusable(op):
+            self._inline(op, expr)
+            return
+        name = self.allocate(op.result)
+        self.integers.add(name)
+        self._loops(out, f"{name}[{self._index(op.result, out)}] = {expr};")
 
     # -- tiles --------------------------------------------------------------------------
 
@@ -957,7 +981,8 @@ class _Emitter:
         tensor, tile = op.operands
         base, ld, r0, c0, rmax, cmax = self._window(tensor, op.attr("at"), written=True)
         rows, cols = self._tile_dims(tile.type)
-        self.line(f"tsr::store_tile({base}, {ld}, {r0}, {c0}, {rmax}, {cmax}, {self.name(tile)}, "
+        store = "store_i32_tile" if self.name(tile) in self.integers else "store_tile"
+        self.line(f"tsr::{store}({base}, {ld}, {r0}, {c0}, {rmax}, {cmax}, {self.name(tile)}, "
                   f"{rows}, {cols});")  # fmt: skip
 
     def op_alloc(self, op: Op) -> None:
@@ -1341,7 +1366,7 @@ def _is_elementwise(op: Op) -> bool:
         or op.kind in _UNARY
         or op.kind in _COMPARED
         or op.kind in _LOGICAL
-        or op.kind in ("cast", "where", *DRAWN)
+        or op.kind in ("cast", "where", "join_i32", *DRAWN)
     )
 
 

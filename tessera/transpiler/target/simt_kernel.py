@@ -104,7 +104,7 @@ _LOGICAL = {"logical_and": "&&", "logical_or": "||", "logical_not": "!"}
 #: The ops whose expression is a condition, which ``where`` reads as it is.
 _CONDITIONS = frozenset({*_COMPARED, *_LOGICAL})
 _ELEMENTWISE = frozenset(
-    {*_OPERATORS, *_LOGICAL, *_UNARY, *_CALLED, "pow", "cast", "where", *DRAWN}
+    {*_OPERATORS, *_LOGICAL, *_UNARY, *_CALLED, "pow", "cast", "where", "join_i32", *DRAWN}
 )
 #: The names of the instructions' and the schedule's numbers (``named``), in the order a
 #: kernel declares them: the Grid's threads and the rows of a thread's register block, a
@@ -837,8 +837,8 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
         expr = self.math(op, index, out)
         t = op.results[0].type
         dtype = getattr(t, "dtype", None)
-        if op.kind == "cast" or dtype is None or dtype.name in ("f32", "bool"):
-            return expr
+        if op.kind in ("cast", "join_i32") or dtype is None or dtype.name in ("f32", "bool"):
+            return expr  # (join_i32's is an exact int, which a float context converts once)
         return self.d.round(dtype.name, expr)
 
     def math(self, op: Op, index: tuple[str, ...], out: tuple[Dim, ...]) -> str:
@@ -868,6 +868,9 @@ class _Emitter(TileOps, TmaCopies, PersistentTiles, SharedChecks):
             at: Access = op.attr("at")
             place, _ = self.position(tuple(a.extent for a in at.axes), at, index)
             return f"tsr_dropout({x}, {seed}, {place}, {p})"
+        if op.kind == "join_i32":
+            high, low = (self.at(x, index, out) for x in op.operands)
+            return f"tsr_join_i32({high}, {low}, {op.attr('radix')})"
         if op.kind == "index_along":
             at = op.attr("at")
             place, _ = self.position(tuple(a.extent for a in at.axes), at, index)

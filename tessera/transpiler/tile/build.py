@@ -320,7 +320,8 @@ def _unsupported(anchor: Op | None, ops: list[Op]) -> str | None:
     if anchor.kind == "matmul" and not x.dtype.is_float:
         return (
             f"a matmul of {x.dtype} operands has no tile kernel yet: the library's gemm "
-            "multiplies floats; cast the operands, e.g. to bf16, which holds every i8 exactly"
+            "multiplies floats and gemm_i8 int8s; cast the operands to a float dtype, or to "
+            "i8 where their values fit"
         )
     if anchor.attr("dropout") is not None:
         return "flash_attention with dropout has no tile kernel yet"

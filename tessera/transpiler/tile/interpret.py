@@ -468,6 +468,9 @@ class _Program:
                 for x in named_operands(op, ("cond", "a", "b"))
             )
             return np.where(np.asarray(cond) != 0, a, b)
+        if op.kind == "join_i32":  # high * radix + low, exact (an i8 product's sum)
+            high, low = (np.asarray(x).astype(np.int64) for x in operands)
+            return (high * op.attr("radix") + low).astype(np.int32)
         raise TileRuntimeError(f"the interpreter has no rule for '{op.kind}'")
 
 
