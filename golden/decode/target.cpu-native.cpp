@@ -79,21 +79,13 @@
 // nearest even when a value of that type is produced, as the GPU does.
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <mutex>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
-#include <pthread.h>
-#include <sched.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -414,185 +406,6 @@ inline unsigned char* buffer(std::size_t slot, i64 bytes) {
   return block.data();
 }
 
-// ---------------------------------------------------------------- threads
-// A launch's programs run on the calling thread and a pool of worker threads, one fewer
-// than `OMP_NUM_THREADS` (else than the CPUs the process may use). Programs are claimed
-// one at a time from a shared count, so that whichever thread is free takes the next;
-// the caller then waits only for programs that a worker claimed and has not finished,
-// never for a worker that has yet to wake. (Under OpenMP the caller waited at the
-// region's closing barrier for every thread of the team: after numpy's matmul, whose
-// threads spin on the cores for 0.1 s, a worker that took no program could hold the
-// call up for milliseconds. docs/cpu-backend.md, Threads.) A worker that wakes after
-// the last program was claimed finds none and goes back to sleep. Which thread runs a
-// program never changes a result: each program writes its own outputs.
-
-// The pool's state: the launch under way and the workers' sleep.
-struct Pool {
-  // The launch's generation in the high 32 bits, its programs not yet claimed in the
-  // low 32. A claim decrements it by a compare-and-swap of the whole word, so that a
-  // worker that read an earlier launch's state claims nothing of a later one.
-  std::atomic<std::uint64_t> state{0};
-  std::atomic<i64> finished{0};
-  // The launch's programs, written before `state` publishes them: read only by a thread
-  // that holds a claim, which keeps the launch from ending.
-  i64 count = 0;
-  const void* body = nullptr;
-  void (*run)(const void* body, i64 program) = nullptr;
-  std::uint32_t generation = 0;
-  int workers = 0;
-#if defined(__linux__)
-  // Where the workers may run: the CPUs the process may use, less the caller's (the CPU
-  // left out, -1 before the first launch). A worker woken on the caller's CPU would wait
-  // there for the caller to block while another CPU runs only a library's spinning
-  // thread (OpenBLAS's yields its CPU to any thread that wants it).
-  cpu_set_t cpus;
-  int left_out = -1;
-  std::vector<pthread_t> threads;
-#endif
-  std::atomic<int> sleepers{0};
-  std::atomic<bool> caller_sleeps{false};
-  std::mutex mutex;
-  std::condition_variable wake, done;
-  // One launch at a time: a launch from another thread meanwhile runs on its caller.
-  std::mutex launching;
-};
-
-// The threads a launch may use: `OMP_NUM_THREADS` (its first number), else the CPUs this
-// process may run on.
-inline int pool_threads() {
-  if (const char* text = std::getenv("OMP_NUM_THREADS")) {
-    const long n = std::strtol(text, nullptr, 10);
-    if (n >= 1) return static_cast<int>(std::min(n, 1024L));
-  }
-#if defined(__linux__)
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0) return CPU_COUNT(&cpus);
-#endif
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
-
-inline std::uint32_t unclaimed(std::uint64_t state) { return static_cast<std::uint32_t>(state); }
-
-// Claims a program of the launch in `state` (reloaded when another thread claimed first):
-// its index, or -1 when none is left.
-inline i64 claim(Pool& pool, std::uint64_t& state) {
-  while (unclaimed(state) > 0) {
-    if (pool.state.compare_exchange_weak(state, state - 1, std::memory_order_acq_rel))
-      return pool.count - unclaimed(state);
-  }
-  return -1;
-}
-
-// Counts a finished program, and wakes the caller when it was the launch's last.
-inline void finish(Pool& pool, i64 programs) {
-  const i64 count = pool.count;  // read before the count lets the caller end the launch
-  if (pool.finished.fetch_add(programs) + programs == count && pool.caller_sleeps.load()) {
-    std::lock_guard<std::mutex> lock(pool.mutex);
-    pool.done.notify_one();
-  }
-}
-
-// A worker: runs programs while a launch has some, then spins a while (yielding its CPU
-// to any other thread that wants it) for the next launch, then sleeps.
-inline void work(Pool& pool) {
-  using Clock = std::chrono::steady_clock;
-  constexpr auto kSpin = std::chrono::microseconds(1000);
-  for (;;) {
-    std::uint64_t state = pool.state.load(std::memory_order_acquire);
-    for (i64 program; (program = claim(pool, state)) >= 0; state = pool.state.load()) {
-      pool.run(pool.body, program);
-      finish(pool, 1);
-    }
-    const Clock::time_point until = Clock::now() + kSpin;
-    while (unclaimed(pool.state.load(std::memory_order_relaxed)) == 0 && Clock::now() < until)
-      std::this_thread::yield();
-    if (unclaimed(pool.state.load()) > 0) continue;
-    std::unique_lock<std::mutex> lock(pool.mutex);
-    pool.sleepers.fetch_add(1);
-    pool.wake.wait(lock, [&pool] { return unclaimed(pool.state.load()) > 0; });
-    pool.sleepers.fetch_sub(1);
-  }
-}
-
-// The process's pool, started on the first launch with more than one program. A child
-// of fork() has none of its parent's workers and starts its own.
-inline std::atomic<Pool*> the_pool{nullptr};
-inline std::mutex pool_start;
-inline Pool& pool() {
-  if (Pool* started = the_pool.load(std::memory_order_acquire)) return *started;
-  std::lock_guard<std::mutex> lock(pool_start);
-  if (Pool* started = the_pool.load()) return *started;
-  static const bool forks_start_afresh =
-      pthread_atfork(nullptr, nullptr, [] { the_pool.store(nullptr); }) == 0;
-  (void)forks_start_afresh;
-  Pool* const fresh = new Pool;  // never freed: workers sleep in it until the process ends
-  fresh->workers = pool_threads() - 1;
-#if defined(__linux__)
-  if (sched_getaffinity(0, sizeof fresh->cpus, &fresh->cpus) != 0) CPU_ZERO(&fresh->cpus);
-#endif
-  for (int i = 0; i < fresh->workers; ++i) {
-    std::thread worker(work, std::ref(*fresh));
-#if defined(__linux__)
-    fresh->threads.push_back(worker.native_handle());
-#endif
-    worker.detach();
-  }
-  the_pool.store(fresh);
-  return *fresh;
-}
-
-// Keeps the workers off the calling thread's CPU, where the CPUs allow it.
-inline void keep_off_caller(Pool& pool) {
-#if defined(__linux__)
-  const int cpu = sched_getcpu();
-  if (cpu < 0 || cpu == pool.left_out || !CPU_ISSET(cpu, &pool.cpus) || CPU_COUNT(&pool.cpus) < 2)
-    return;
-  cpu_set_t others = pool.cpus;
-  CPU_CLR(cpu, &others);
-  for (pthread_t thread : pool.threads) pthread_setaffinity_np(thread, sizeof others, &others);
-  pool.left_out = cpu;
-#else
-  (void)pool;
-#endif
-}
-
-// Runs program(0), ..., program(count - 1) on the calling thread and the pool's
-// workers, and returns when all have finished.
-template <class Program>
-inline void parallel_for(i64 count, const Program& program) {
-  Pool& pool = tsr::pool();
-  if (count <= 1 || pool.workers == 0 || count > 0xffffffff || !pool.launching.try_lock()) {
-    for (i64 i = 0; i < count; ++i) program(i);
-    return;
-  }
-  std::lock_guard<std::mutex> launching(pool.launching, std::adopt_lock);
-  pool.count = count;
-  pool.body = &program;
-  pool.run = [](const void* body, i64 i) { (*static_cast<const Program*>(body))(i); };
-  pool.finished.store(0, std::memory_order_relaxed);
-  keep_off_caller(pool);
-  const std::uint64_t generation = ++pool.generation;
-  pool.state.store(generation << 32 | static_cast<std::uint64_t>(count));
-  if (pool.sleepers.load() > 0) {
-    std::lock_guard<std::mutex> lock(pool.mutex);
-    pool.wake.notify_all();
-  }
-  i64 ran = 0;
-  std::uint64_t state = pool.state.load(std::memory_order_acquire);
-  for (i64 i; (i = claim(pool, state)) >= 0; state = pool.state.load(), ++ran) program(i);
-  finish(pool, ran);
-  // The programs that workers still run: a short spin, then sleep until the last ends.
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point until = Clock::now() + std::chrono::microseconds(20);
-  while (pool.finished.load(std::memory_order_acquire) != count && Clock::now() < until)
-    std::this_thread::yield();
-  if (pool.finished.load(std::memory_order_acquire) == count) return;
-  std::unique_lock<std::mutex> lock(pool.mutex);
-  pool.caller_sleeps.store(true);
-  pool.done.wait(lock, [&pool, count] { return pool.finished.load() == count; });
-  pool.caller_sleeps.store(false);
-}
-
 // ---------------------------------------------------------------- dot
 
 constexpr i64 kPanel = 2 * kLanes;  // columns of `out` one block of mma covers
@@ -907,11 +720,10 @@ static void qkv_k0_launch(const float* x, const float* norm, float* h, const tsr
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / pid_b0_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    qkv_k0_program(x, norm, h, T, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      qkv_k0_program(x, norm, h, T, pid_m, pid_b0);
 }
 // ---- qkv_k1: one program instance (launch k1 of qkv: the library's gemm)
 
@@ -945,12 +757,11 @@ static void qkv_k1_launch(const float* h, const float* wq, float* t0, const tsr:
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    qkv_k1_program(h, wq, t0, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        qkv_k1_program(h, wq, t0, T, pid_n, pid_m, pid_b0);
 }
 // ---- qkv_k2: one program instance (launch k2 of qkv: the library's rotary_embedding)
 
@@ -1019,12 +830,11 @@ static void qkv_k2_launch(const float* t0, const float* cos, const float* sin, f
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    qkv_k2_program(t0, cos, sin, out0, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        qkv_k2_program(t0, cos, sin, out0, T, pid_m, pid_b0, pid_b1);
 }
 // ---- qkv_k3: one program instance (launch k3 of qkv: the library's gemm)
 
@@ -1059,12 +869,11 @@ static void qkv_k3_launch(const float* h, const float* wk, float* t3, const tsr:
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    qkv_k3_program(h, wk, t3, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        qkv_k3_program(h, wk, t3, T, pid_n, pid_m, pid_b0);
 }
 // ---- qkv_k4: one program instance (launch k4 of qkv: the library's rotary_embedding)
 
@@ -1133,12 +942,11 @@ static void qkv_k4_launch(const float* t3, const float* cos, const float* sin, f
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    qkv_k4_program(t3, cos, sin, out1, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        qkv_k4_program(t3, cos, sin, out1, T, pid_m, pid_b0, pid_b1);
 }
 // ---- qkv_k5: one program instance (launch k5 of qkv: the library's gemm)
 
@@ -1173,12 +981,11 @@ static void qkv_k5_launch(const float* h, const float* wv, float* t6, const tsr:
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    qkv_k5_program(h, wv, t6, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        qkv_k5_program(h, wv, t6, T, pid_n, pid_m, pid_b0);
 }
 // ---- qkv_k6: one program instance (launch k6 of qkv: the library's elementwise)
 
@@ -1197,12 +1004,11 @@ static void qkv_k6_launch(const float* t6, float* out2, const tsr::i64 B, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    qkv_k6_program(t6, out2, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        qkv_k6_program(t6, out2, T, pid_m, pid_b0, pid_b1);
 }
 // ---- project_k0: one program instance (launch k0 of project: the library's rmsnorm)
 
@@ -1247,11 +1053,10 @@ static void project_k0_launch(const float* x, const float* norm, float* h, const
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / pid_b0_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    project_k0_program(x, norm, h, T, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      project_k0_program(x, norm, h, T, pid_m, pid_b0);
 }
 // ---- project_k1: one program instance (launch k1 of project: the library's gemm)
 
@@ -1285,12 +1090,11 @@ static void project_k1_launch(const float* h, const float* wq, float* t0, const 
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    project_k1_program(h, wq, t0, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        project_k1_program(h, wq, t0, T, pid_n, pid_m, pid_b0);
 }
 // ---- project_k2: one program instance (launch k2 of project: the library's rotary_embedding)
 
@@ -1359,12 +1163,11 @@ static void project_k2_launch(const float* t0, const float* cos, const float* si
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    project_k2_program(t0, cos, sin, out, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        project_k2_program(t0, cos, sin, out, T, pid_m, pid_b0, pid_b1);
 }
 // ---- project_k3: one program instance (launch k3 of project: the library's gemm)
 
@@ -1399,12 +1202,11 @@ static void project_k3_launch(const float* h, const float* wk, float* t3, const 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    project_k3_program(h, wk, t3, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        project_k3_program(h, wk, t3, T, pid_n, pid_m, pid_b0);
 }
 // ---- project_k4: one program instance (launch k4 of project: the library's rotary_embedding)
 
@@ -1473,12 +1275,11 @@ static void project_k4_launch(const float* t3, const float* cos, const float* si
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    project_k4_program(t3, cos, sin, k, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        project_k4_program(t3, cos, sin, k, T, pid_m, pid_b0, pid_b1);
 }
 // ---- project_k5: one program instance (launch k5 of project: the library's gemm)
 
@@ -1513,12 +1314,11 @@ static void project_k5_launch(const float* h, const float* wv, float* t6, const 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    project_k5_program(h, wv, t6, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        project_k5_program(h, wv, t6, T, pid_n, pid_m, pid_b0);
 }
 // ---- project_k6: one program instance (launch k6 of project: the library's elementwise)
 
@@ -1537,12 +1337,11 @@ static void project_k6_launch(const float* t6, float* v, const tsr::i64 B, const
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    project_k6_program(t6, v, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        project_k6_program(t6, v, T, pid_m, pid_b0, pid_b1);
 }
 // ---- project_k7: one program instance (launch k7 of project: the KV cache's append)
 
@@ -1624,11 +1423,10 @@ static void project_windowed_k0_launch(const float* x, const float* norm, float*
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / pid_b0_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    project_windowed_k0_program(x, norm, h, T, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      project_windowed_k0_program(x, norm, h, T, pid_m, pid_b0);
 }
 // ---- project_windowed_k1: one program instance (launch k1 of project_windowed: the library's
 //   gemm)
@@ -1663,12 +1461,11 @@ static void project_windowed_k1_launch(const float* h, const float* wq, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    project_windowed_k1_program(h, wq, t0, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        project_windowed_k1_program(h, wq, t0, T, pid_n, pid_m, pid_b0);
 }
 // ---- project_windowed_k2: one program instance (launch k2 of project_windowed: the library's
 //   rotary_embedding)
@@ -1739,12 +1536,11 @@ static void project_windowed_k2_launch(const float* t0, const float* cos, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    project_windowed_k2_program(t0, cos, sin, out, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        project_windowed_k2_program(t0, cos, sin, out, T, pid_m, pid_b0, pid_b1);
 }
 // ---- project_windowed_k3: one program instance (launch k3 of project_windowed: the library's
 //   gemm)
@@ -1780,12 +1576,11 @@ static void project_windowed_k3_launch(const float* h, const float* wk, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    project_windowed_k3_program(h, wk, t3, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        project_windowed_k3_program(h, wk, t3, T, pid_n, pid_m, pid_b0);
 }
 // ---- project_windowed_k4: one program instance (launch k4 of project_windowed: the library's
 //   rotary_embedding)
@@ -1856,12 +1651,11 @@ static void project_windowed_k4_launch(const float* t3, const float* cos, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    project_windowed_k4_program(t3, cos, sin, k, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        project_windowed_k4_program(t3, cos, sin, k, T, pid_m, pid_b0, pid_b1);
 }
 // ---- project_windowed_k5: one program instance (launch k5 of project_windowed: the library's
 //   gemm)
@@ -1897,12 +1691,11 @@ static void project_windowed_k5_launch(const float* h, const float* wv, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    project_windowed_k5_program(h, wv, t6, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        project_windowed_k5_program(h, wv, t6, T, pid_n, pid_m, pid_b0);
 }
 // ---- project_windowed_k6: one program instance (launch k6 of project_windowed: the library's
 //   elementwise)
@@ -1923,12 +1716,11 @@ static void project_windowed_k6_launch(const float* t6, float* v, const tsr::i64
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    project_windowed_k6_program(t6, v, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        project_windowed_k6_program(t6, v, T, pid_m, pid_b0, pid_b1);
 }
 // ---- project_windowed_k7: one program instance (launch k7 of project_windowed: the KV cache's
 //   append)
@@ -1988,12 +1780,11 @@ static void finish_k0_launch(const float* o, float* t0, const tsr::i64 B, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(4, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = T;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    finish_k0_program(o, t0, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        finish_k0_program(o, t0, T, pid_m, pid_b0, pid_b1);
 }
 // ---- finish_k1: one program instance (launch k1 of finish: the library's gemm)
 
@@ -2037,12 +1828,11 @@ static void finish_k1_launch(const float* t0, const float* wo, const float* x, f
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    finish_k1_program(t0, wo, x, x_1, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        finish_k1_program(t0, wo, x, x_1, T, pid_n, pid_m, pid_b0);
 }
 // ---- finish_k2: one program instance (launch k2 of finish: the library's rmsnorm)
 
@@ -2088,11 +1878,10 @@ static void finish_k2_launch(const float* x_1, const float* norm, float* h, cons
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / pid_b0_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    finish_k2_program(x_1, norm, h, T, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      finish_k2_program(x_1, norm, h, T, pid_m, pid_b0);
 }
 // ---- finish_k3: one program instance (launch k3 of finish: the library's gemm)
 
@@ -2133,12 +1922,11 @@ static void finish_k3_launch(const float* h, const float* wg, float* t4, const t
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    finish_k3_program(h, wg, t4, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        finish_k3_program(h, wg, t4, T, pid_n, pid_m, pid_b0);
 }
 // ---- finish_k4: one program instance (launch k4 of finish: the library's gemm)
 
@@ -2181,12 +1969,11 @@ static void finish_k4_launch(const float* h, const float* wu, const float* t4, f
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    finish_k4_program(h, wu, t4, t6, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        finish_k4_program(h, wu, t4, t6, T, pid_n, pid_m, pid_b0);
 }
 // ---- finish_k5: one program instance (launch k5 of finish: the library's gemm)
 
@@ -2229,12 +2016,11 @@ static void finish_k5_launch(const float* t6, const float* wd, const float* x_1,
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    finish_k5_program(t6, wd, x_1, out, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        finish_k5_program(t6, wd, x_1, out, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_k0: one program instance (launch k0 of step: the library's rmsnorm)
 
@@ -2279,11 +2065,10 @@ static void step_k0_launch(const float* x, const float* norm1, float* h, const t
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / pid_b0_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_k0_program(x, norm1, h, T, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      step_k0_program(x, norm1, h, T, pid_m, pid_b0);
 }
 // ---- step_k1: one program instance (launch k1 of step: the library's gemm)
 
@@ -2317,12 +2102,11 @@ static void step_k1_launch(const float* h, const float* wq, float* t0, const tsr
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_k1_program(h, wq, t0, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_k1_program(h, wq, t0, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_k2: one program instance (launch k2 of step: the library's rotary_embedding)
 
@@ -2391,12 +2175,11 @@ static void step_k2_launch(const float* t0, const float* cos, const float* sin, 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    step_k2_program(t0, cos, sin, q, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        step_k2_program(t0, cos, sin, q, T, pid_m, pid_b0, pid_b1);
 }
 // ---- step_k3: one program instance (launch k3 of step: the library's gemm)
 
@@ -2431,12 +2214,11 @@ static void step_k3_launch(const float* h, const float* wk, float* t3, const tsr
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_k3_program(h, wk, t3, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_k3_program(h, wk, t3, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_k4: one program instance (launch k4 of step: the library's rotary_embedding)
 
@@ -2505,12 +2287,11 @@ static void step_k4_launch(const float* t3, const float* cos, const float* sin, 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    step_k4_program(t3, cos, sin, k, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        step_k4_program(t3, cos, sin, k, T, pid_m, pid_b0, pid_b1);
 }
 // ---- step_k5: one program instance (launch k5 of step: the library's gemm)
 
@@ -2545,12 +2326,11 @@ static void step_k5_launch(const float* h, const float* wv, float* t6, const tsr
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_k5_program(h, wv, t6, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_k5_program(h, wv, t6, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_k6: one program instance (launch k6 of step: the library's elementwise)
 
@@ -2569,12 +2349,11 @@ static void step_k6_launch(const float* t6, float* v, const tsr::i64 B, const ts
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    step_k6_program(t6, v, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        step_k6_program(t6, v, T, pid_m, pid_b0, pid_b1);
 }
 // ---- step_k7: one program instance (launch k7 of step: the KV cache's append)
 
@@ -2710,11 +2489,10 @@ static void step_k10_launch(const float* cache_k, const float* cache_v, const fl
   constexpr tsr::i64 BM = 128;
   const tsr::i64 pid_m_count = tsr::ceil_div(2*T, BM);
   const tsr::i64 pid_b0_count = 2*B;
-  tsr::parallel_for(pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / pid_b0_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_k10_program(cache_k, cache_v, q, t11, attended, S, T, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      step_k10_program(cache_k, cache_v, q, t11, attended, S, T, pid_m, pid_b0);
 }
 // ---- step_k11: one program instance (launch k11 of step: the library's elementwise)
 
@@ -2735,12 +2513,11 @@ static void step_k11_launch(const float* attended, float* t13, const tsr::i64 B,
   const tsr::i64 pid_m_count = tsr::ceil_div(4, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = T;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    step_k11_program(attended, t13, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        step_k11_program(attended, t13, T, pid_m, pid_b0, pid_b1);
 }
 // ---- step_k12: one program instance (launch k12 of step: the library's gemm)
 
@@ -2784,12 +2561,11 @@ static void step_k12_launch(const float* t13, const float* wo, const float* x, f
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_k12_program(t13, wo, x, x_1, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_k12_program(t13, wo, x, x_1, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_k13: one program instance (launch k13 of step: the library's rmsnorm)
 
@@ -2835,11 +2611,10 @@ static void step_k13_launch(const float* x_1, const float* norm2, float* h_1, co
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / pid_b0_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_k13_program(x_1, norm2, h_1, T, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      step_k13_program(x_1, norm2, h_1, T, pid_m, pid_b0);
 }
 // ---- step_k14: one program instance (launch k14 of step: the library's gemm)
 
@@ -2880,12 +2655,11 @@ static void step_k14_launch(const float* h_1, const float* wg, float* t17, const
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_k14_program(h_1, wg, t17, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_k14_program(h_1, wg, t17, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_k15: one program instance (launch k15 of step: the library's gemm)
 
@@ -2928,12 +2702,11 @@ static void step_k15_launch(const float* h_1, const float* wu, const float* t17,
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_k15_program(h_1, wu, t17, t19, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_k15_program(h_1, wu, t17, t19, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_k16: one program instance (launch k16 of step: the library's gemm)
 
@@ -2976,12 +2749,11 @@ static void step_k16_launch(const float* t19, const float* wd, const float* x_1,
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_k16_program(t19, wd, x_1, out, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_k16_program(t19, wd, x_1, out, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_windowed_k0: one program instance (launch k0 of step_windowed: the library's rmsnorm)
 
@@ -3026,11 +2798,10 @@ static void step_windowed_k0_launch(const float* x, const float* norm1, float* h
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / pid_b0_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_windowed_k0_program(x, norm1, h, T, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      step_windowed_k0_program(x, norm1, h, T, pid_m, pid_b0);
 }
 // ---- step_windowed_k1: one program instance (launch k1 of step_windowed: the library's gemm)
 
@@ -3064,12 +2835,11 @@ static void step_windowed_k1_launch(const float* h, const float* wq, float* t0, 
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_windowed_k1_program(h, wq, t0, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_windowed_k1_program(h, wq, t0, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_windowed_k2: one program instance (launch k2 of step_windowed: the library's
 //   rotary_embedding)
@@ -3140,12 +2910,11 @@ static void step_windowed_k2_launch(const float* t0, const float* cos, const flo
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    step_windowed_k2_program(t0, cos, sin, q, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        step_windowed_k2_program(t0, cos, sin, q, T, pid_m, pid_b0, pid_b1);
 }
 // ---- step_windowed_k3: one program instance (launch k3 of step_windowed: the library's gemm)
 
@@ -3180,12 +2949,11 @@ static void step_windowed_k3_launch(const float* h, const float* wk, float* t3, 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_windowed_k3_program(h, wk, t3, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_windowed_k3_program(h, wk, t3, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_windowed_k4: one program instance (launch k4 of step_windowed: the library's
 //   rotary_embedding)
@@ -3256,12 +3024,11 @@ static void step_windowed_k4_launch(const float* t3, const float* cos, const flo
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    step_windowed_k4_program(t3, cos, sin, k, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        step_windowed_k4_program(t3, cos, sin, k, T, pid_m, pid_b0, pid_b1);
 }
 // ---- step_windowed_k5: one program instance (launch k5 of step_windowed: the library's gemm)
 
@@ -3296,12 +3063,11 @@ static void step_windowed_k5_launch(const float* h, const float* wv, float* t6, 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_windowed_k5_program(h, wv, t6, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_windowed_k5_program(h, wv, t6, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_windowed_k6: one program instance (launch k6 of step_windowed: the library's
 //   elementwise)
@@ -3322,12 +3088,11 @@ static void step_windowed_k6_launch(const float* t6, float* v, const tsr::i64 B,
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    step_windowed_k6_program(t6, v, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        step_windowed_k6_program(t6, v, T, pid_m, pid_b0, pid_b1);
 }
 // ---- step_windowed_k7: one program instance (launch k7 of step_windowed: the KV cache's append)
 
@@ -3471,11 +3236,10 @@ static void step_windowed_k10_launch(const float* cache_k, const float* cache_v,
   constexpr tsr::i64 BM = 128;
   const tsr::i64 pid_m_count = tsr::ceil_div(2*T, BM);
   const tsr::i64 pid_b0_count = 2*B;
-  tsr::parallel_for(pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / pid_b0_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_windowed_k10_program(cache_k, cache_v, q, t11, attended, S, T, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      step_windowed_k10_program(cache_k, cache_v, q, t11, attended, S, T, pid_m, pid_b0);
 }
 // ---- step_windowed_k11: one program instance (launch k11 of step_windowed: the library's
 //   elementwise)
@@ -3497,12 +3261,11 @@ static void step_windowed_k11_launch(const float* attended, float* t13, const ts
   const tsr::i64 pid_m_count = tsr::ceil_div(4, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = T;
-  tsr::parallel_for(pid_m_count * pid_b0_count * pid_b1_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / (pid_b0_count * pid_b1_count);
-    const tsr::i64 pid_b0 = program / pid_b1_count % pid_b0_count;
-    const tsr::i64 pid_b1 = program % pid_b1_count;
-    step_windowed_k11_program(attended, t13, T, pid_m, pid_b0, pid_b1);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
+        step_windowed_k11_program(attended, t13, T, pid_m, pid_b0, pid_b1);
 }
 // ---- step_windowed_k12: one program instance (launch k12 of step_windowed: the library's gemm)
 
@@ -3547,12 +3310,11 @@ static void step_windowed_k12_launch(const float* t13, const float* wo, const fl
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_windowed_k12_program(t13, wo, x, x_1, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_windowed_k12_program(t13, wo, x, x_1, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_windowed_k13: one program instance (launch k13 of step_windowed: the library's
 //   rmsnorm)
@@ -3599,11 +3361,10 @@ static void step_windowed_k13_launch(const float* x_1, const float* norm2, float
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_m = program / pid_b0_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_windowed_k13_program(x_1, norm2, h_1, T, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+    for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+      step_windowed_k13_program(x_1, norm2, h_1, T, pid_m, pid_b0);
 }
 // ---- step_windowed_k14: one program instance (launch k14 of step_windowed: the library's gemm)
 
@@ -3644,12 +3405,11 @@ static void step_windowed_k14_launch(const float* h_1, const float* wg, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_windowed_k14_program(h_1, wg, t17, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_windowed_k14_program(h_1, wg, t17, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_windowed_k15: one program instance (launch k15 of step_windowed: the library's gemm)
 
@@ -3693,12 +3453,11 @@ static void step_windowed_k15_launch(const float* h_1, const float* wu, const fl
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_windowed_k15_program(h_1, wu, t17, t19, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_windowed_k15_program(h_1, wu, t17, t19, T, pid_n, pid_m, pid_b0);
 }
 // ---- step_windowed_k16: one program instance (launch k16 of step_windowed: the library's gemm)
 
@@ -3742,12 +3501,11 @@ static void step_windowed_k16_launch(const float* t19, const float* wd, const fl
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-  tsr::parallel_for(pid_n_count * pid_m_count * pid_b0_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / (pid_m_count * pid_b0_count);
-    const tsr::i64 pid_m = program / pid_b0_count % pid_m_count;
-    const tsr::i64 pid_b0 = program % pid_b0_count;
-    step_windowed_k16_program(t19, wd, x_1, out, T, pid_n, pid_m, pid_b0);
-  });
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
+        step_windowed_k16_program(t19, wd, x_1, out, T, pid_n, pid_m, pid_b0);
 }
 
 // ---- qkv: k0 -> qkv_k0, k1 -> qkv_k1, k2 -> qkv_k2, k3 -> qkv_k3, k4 -> qkv_k4, k5 -> qkv_k5,

@@ -16,21 +16,13 @@
 // nearest even when a value of that type is produced, as the GPU does.
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <mutex>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
-#include <pthread.h>
-#include <sched.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -335,185 +327,6 @@ inline float* scratch(i64 floats) {
   if (static_cast<i64>(area.size()) < size) area.resize(static_cast<std::size_t>(size));
   const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(area.data());
   return reinterpret_cast<float*>((base + 4095) & ~std::uintptr_t(4095));
-}
-
-// ---------------------------------------------------------------- threads
-// A launch's programs run on the calling thread and a pool of worker threads, one fewer
-// than `OMP_NUM_THREADS` (else than the CPUs the process may use). Programs are claimed
-// one at a time from a shared count, so that whichever thread is free takes the next;
-// the caller then waits only for programs that a worker claimed and has not finished,
-// never for a worker that has yet to wake. (Under OpenMP the caller waited at the
-// region's closing barrier for every thread of the team: after numpy's matmul, whose
-// threads spin on the cores for 0.1 s, a worker that took no program could hold the
-// call up for milliseconds. docs/cpu-backend.md, Threads.) A worker that wakes after
-// the last program was claimed finds none and goes back to sleep. Which thread runs a
-// program never changes a result: each program writes its own outputs.
-
-// The pool's state: the launch under way and the workers' sleep.
-struct Pool {
-  // The launch's generation in the high 32 bits, its programs not yet claimed in the
-  // low 32. A claim decrements it by a compare-and-swap of the whole word, so that a
-  // worker that read an earlier launch's state claims nothing of a later one.
-  std::atomic<std::uint64_t> state{0};
-  std::atomic<i64> finished{0};
-  // The launch's programs, written before `state` publishes them: read only by a thread
-  // that holds a claim, which keeps the launch from ending.
-  i64 count = 0;
-  const void* body = nullptr;
-  void (*run)(const void* body, i64 program) = nullptr;
-  std::uint32_t generation = 0;
-  int workers = 0;
-#if defined(__linux__)
-  // Where the workers may run: the CPUs the process may use, less the caller's (the CPU
-  // left out, -1 before the first launch). A worker woken on the caller's CPU would wait
-  // there for the caller to block while another CPU runs only a library's spinning
-  // thread (OpenBLAS's yields its CPU to any thread that wants it).
-  cpu_set_t cpus;
-  int left_out = -1;
-  std::vector<pthread_t> threads;
-#endif
-  std::atomic<int> sleepers{0};
-  std::atomic<bool> caller_sleeps{false};
-  std::mutex mutex;
-  std::condition_variable wake, done;
-  // One launch at a time: a launch from another thread meanwhile runs on its caller.
-  std::mutex launching;
-};
-
-// The threads a launch may use: `OMP_NUM_THREADS` (its first number), else the CPUs this
-// process may run on.
-inline int pool_threads() {
-  if (const char* text = std::getenv("OMP_NUM_THREADS")) {
-    const long n = std::strtol(text, nullptr, 10);
-    if (n >= 1) return static_cast<int>(std::min(n, 1024L));
-  }
-#if defined(__linux__)
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof cpus, &cpus) == 0) return CPU_COUNT(&cpus);
-#endif
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
-
-inline std::uint32_t unclaimed(std::uint64_t state) { return static_cast<std::uint32_t>(state); }
-
-// Claims a program of the launch in `state` (reloaded when another thread claimed first):
-// its index, or -1 when none is left.
-inline i64 claim(Pool& pool, std::uint64_t& state) {
-  while (unclaimed(state) > 0) {
-    if (pool.state.compare_exchange_weak(state, state - 1, std::memory_order_acq_rel))
-      return pool.count - unclaimed(state);
-  }
-  return -1;
-}
-
-// Counts a finished program, and wakes the caller when it was the launch's last.
-inline void finish(Pool& pool, i64 programs) {
-  const i64 count = pool.count;  // read before the count lets the caller end the launch
-  if (pool.finished.fetch_add(programs) + programs == count && pool.caller_sleeps.load()) {
-    std::lock_guard<std::mutex> lock(pool.mutex);
-    pool.done.notify_one();
-  }
-}
-
-// A worker: runs programs while a launch has some, then spins a while (yielding its CPU
-// to any other thread that wants it) for the next launch, then sleeps.
-inline void work(Pool& pool) {
-  using Clock = std::chrono::steady_clock;
-  constexpr auto kSpin = std::chrono::microseconds(1000);
-  for (;;) {
-    std::uint64_t state = pool.state.load(std::memory_order_acquire);
-    for (i64 program; (program = claim(pool, state)) >= 0; state = pool.state.load()) {
-      pool.run(pool.body, program);
-      finish(pool, 1);
-    }
-    const Clock::time_point until = Clock::now() + kSpin;
-    while (unclaimed(pool.state.load(std::memory_order_relaxed)) == 0 && Clock::now() < until)
-      std::this_thread::yield();
-    if (unclaimed(pool.state.load()) > 0) continue;
-    std::unique_lock<std::mutex> lock(pool.mutex);
-    pool.sleepers.fetch_add(1);
-    pool.wake.wait(lock, [&pool] { return unclaimed(pool.state.load()) > 0; });
-    pool.sleepers.fetch_sub(1);
-  }
-}
-
-// The process's pool, started on the first launch with more than one program. A child
-// of fork() has none of its parent's workers and starts its own.
-inline std::atomic<Pool*> the_pool{nullptr};
-inline std::mutex pool_start;
-inline Pool& pool() {
-  if (Pool* started = the_pool.load(std::memory_order_acquire)) return *started;
-  std::lock_guard<std::mutex> lock(pool_start);
-  if (Pool* started = the_pool.load()) return *started;
-  static const bool forks_start_afresh =
-      pthread_atfork(nullptr, nullptr, [] { the_pool.store(nullptr); }) == 0;
-  (void)forks_start_afresh;
-  Pool* const fresh = new Pool;  // never freed: workers sleep in it until the process ends
-  fresh->workers = pool_threads() - 1;
-#if defined(__linux__)
-  if (sched_getaffinity(0, sizeof fresh->cpus, &fresh->cpus) != 0) CPU_ZERO(&fresh->cpus);
-#endif
-  for (int i = 0; i < fresh->workers; ++i) {
-    std::thread worker(work, std::ref(*fresh));
-#if defined(__linux__)
-    fresh->threads.push_back(worker.native_handle());
-#endif
-    worker.detach();
-  }
-  the_pool.store(fresh);
-  return *fresh;
-}
-
-// Keeps the workers off the calling thread's CPU, where the CPUs allow it.
-inline void keep_off_caller(Pool& pool) {
-#if defined(__linux__)
-  const int cpu = sched_getcpu();
-  if (cpu < 0 || cpu == pool.left_out || !CPU_ISSET(cpu, &pool.cpus) || CPU_COUNT(&pool.cpus) < 2)
-    return;
-  cpu_set_t others = pool.cpus;
-  CPU_CLR(cpu, &others);
-  for (pthread_t thread : pool.threads) pthread_setaffinity_np(thread, sizeof others, &others);
-  pool.left_out = cpu;
-#else
-  (void)pool;
-#endif
-}
-
-// Runs program(0), ..., program(count - 1) on the calling thread and the pool's
-// workers, and returns when all have finished.
-template <class Program>
-inline void parallel_for(i64 count, const Program& program) {
-  Pool& pool = tsr::pool();
-  if (count <= 1 || pool.workers == 0 || count > 0xffffffff || !pool.launching.try_lock()) {
-    for (i64 i = 0; i < count; ++i) program(i);
-    return;
-  }
-  std::lock_guard<std::mutex> launching(pool.launching, std::adopt_lock);
-  pool.count = count;
-  pool.body = &program;
-  pool.run = [](const void* body, i64 i) { (*static_cast<const Program*>(body))(i); };
-  pool.finished.store(0, std::memory_order_relaxed);
-  keep_off_caller(pool);
-  const std::uint64_t generation = ++pool.generation;
-  pool.state.store(generation << 32 | static_cast<std::uint64_t>(count));
-  if (pool.sleepers.load() > 0) {
-    std::lock_guard<std::mutex> lock(pool.mutex);
-    pool.wake.notify_all();
-  }
-  i64 ran = 0;
-  std::uint64_t state = pool.state.load(std::memory_order_acquire);
-  for (i64 i; (i = claim(pool, state)) >= 0; state = pool.state.load(), ++ran) program(i);
-  finish(pool, ran);
-  // The programs that workers still run: a short spin, then sleep until the last ends.
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point until = Clock::now() + std::chrono::microseconds(20);
-  while (pool.finished.load(std::memory_order_acquire) != count && Clock::now() < until)
-    std::this_thread::yield();
-  if (pool.finished.load(std::memory_order_acquire) == count) return;
-  std::unique_lock<std::mutex> lock(pool.mutex);
-  pool.caller_sleeps.store(true);
-  pool.done.wait(lock, [&pool, count] { return pool.finished.load() == count; });
-  pool.caller_sleeps.store(false);
 }
 
 // ---------------------------------------------------------------- dot
@@ -864,11 +677,10 @@ static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, con
   constexpr tsr::i64 BN = 128;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-  tsr::parallel_for(pid_n_count * pid_m_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / pid_m_count;
-    const tsr::i64 pid_m = program % pid_m_count;
-    gemm_program(A, B, out, M, K, N, pid_n, pid_m);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      gemm_program(A, B, out, M, K, N, pid_n, pid_m);
 }
 // ---- skinny_gemm: one program instance (launch k0 of skinny_gemm: the library's gemm)
 
@@ -912,11 +724,10 @@ static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* o
   constexpr tsr::i64 BN = 64;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-  tsr::parallel_for(pid_n_count * pid_m_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / pid_m_count;
-    const tsr::i64 pid_m = program % pid_m_count;
-    skinny_gemm_program(A, B, out, M, K, N, pid_n, pid_m);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      skinny_gemm_program(A, B, out, M, K, N, pid_n, pid_m);
 }
 // ---- gemm_bias_relu: one program instance (launch k0 of gemm_bias_relu: the library's gemm)
 
@@ -957,11 +768,10 @@ static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const 
   constexpr tsr::i64 BN = 128;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-  tsr::parallel_for(pid_n_count * pid_m_count, [&](tsr::i64 program) {
-    const tsr::i64 pid_n = program / pid_m_count;
-    const tsr::i64 pid_m = program % pid_m_count;
-    gemm_bias_relu_program(A, B, bias, out, M, K, N, pid_n, pid_m);
-  });
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
+  for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
+    for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
+      gemm_bias_relu_program(A, B, bias, out, M, K, N, pid_n, pid_m);
 }
 
 // ---- gemm: k0 -> gemm

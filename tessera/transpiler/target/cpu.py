@@ -1,8 +1,7 @@
 """The CPU backend: the Tile IR as one self-contained C++17 file, and its metadata.
 
 Per kernel, a ``_program`` function runs one program instance and a ``_launch``
-function runs the grid on the runtime's threads (``tsr::parallel_for``). Per function
-of the ``.tsr`` file, an
+function runs the grid on OpenMP threads. Per function of the ``.tsr`` file, an
 ``extern "C"`` entry ``tessera_<name>`` takes the tensors (row-major and
 contiguous), then every size symbol as ``int64_t`` in order of first
 appearance; it allocates the intermediates (one buffer per memory-plan slot)
@@ -84,11 +83,6 @@ class _KernelView:
         #: Whether the programs run on the team of threads: a cache's append copies a few
         #: rows, less work than waking the team (on a loaded machine, a time slice).
         self.parallel = kernel.kind != "state"
-        #: A parallel launch's programs are numbered row-major over the grid, as nested
-        #: loops would run them; ``program`` is the number, and each pid the program
-        #: reads is computed from it.
-        self.programs = " * ".join(count for _, _, count in self.c.grid)
-        self.pid_lines = _pids(self.c.grid, body_names)
         sizes = self.c.sizes
         used_dims = [sizes[d] for d in dims if sizes[d] in body_names]
         launch_dims = [d for d in dims if sizes[d] in grid_names]
@@ -102,23 +96,6 @@ class _KernelView:
         #: The launch's arguments as its caller names them: parameters by their Tile IR
         #: names, then the sizes by theirs.
         self.launch_args = [p.source for p in self.c.params] + launch_dims
-
-
-def _pids(grid: tuple[tuple[str, str, str], ...], used: set[str]) -> list[str]:
-    """The declarations of the pids in ``used`` from a parallel launch's ``program``
-    (row-major: the last pid varies fastest)."""
-    lines = []
-    for i, (pid, _, count) in enumerate(grid):
-        if pid not in used:
-            continue
-        inner = [c for _, _, c in grid[i + 1 :]]
-        value = (
-            f"program / ({' * '.join(inner)})"
-            if len(inner) > 1
-            else (f"program / {inner[0]}" if inner else "program")
-        )
-        lines.append(f"const tsr::i64 {pid} = {value}{f' % {count}' if i else ''};")
-    return lines
 
 
 class _FunctionView:
