@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -158,6 +159,16 @@ inline float exp_nonpositive(float x) {
   const float y = exp_poly(xc, ni) * float_of(static_cast<std::uint32_t>(ni + 127) << 23);
   return x < kExpLow ? 0.0f : y;
 }
+
+// ---------------------------------------------------------------- threads
+// libgomp's threads do not survive fork(): in a child, the first parallel region after
+// the parent ran one waits forever for the parent's threads, which the child does not
+// have (multiprocessing's default start on Linux, a DataLoader's workers). A child runs
+// its launches on the calling thread instead; the flag is set by a fork handler that
+// each library registers when it is loaded.
+inline bool forked_child = false;
+inline const int fork_handler = pthread_atfork(nullptr, nullptr, [] { forked_child = true; });
+inline bool forked() { return forked_child; }
 
 // ---------------------------------------------------------------- memory
 
@@ -654,7 +665,7 @@ static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = H;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -751,7 +762,7 @@ static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const
   constexpr tsr::i64 BM = 128;
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = BH;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       flash_attention_program(q, k, v, causal, out, S, D, pid_m, pid_b0);

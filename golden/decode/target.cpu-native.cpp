@@ -86,6 +86,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -222,6 +223,16 @@ inline float exp_nonpositive(float x) {
   const float y = exp_poly(xc, ni) * float_of(static_cast<std::uint32_t>(ni + 127) << 23);
   return x < kExpLow ? 0.0f : y;
 }
+
+// ---------------------------------------------------------------- threads
+// libgomp's threads do not survive fork(): in a child, the first parallel region after
+// the parent ran one waits forever for the parent's threads, which the child does not
+// have (multiprocessing's default start on Linux, a DataLoader's workers). A child runs
+// its launches on the calling thread instead; the flag is set by a fork handler that
+// each library registers when it is loaded.
+inline bool forked_child = false;
+inline const int fork_handler = pthread_atfork(nullptr, nullptr, [] { forked_child = true; });
+inline bool forked() { return forked_child; }
 
 // ---------------------------------------------------------------- memory
 
@@ -720,7 +731,7 @@ static void qkv_k0_launch(const float* x, const float* norm, float* h, const tsr
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       qkv_k0_program(x, norm, h, T, pid_m, pid_b0);
@@ -757,7 +768,7 @@ static void qkv_k1_launch(const float* h, const float* wq, float* t0, const tsr:
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -830,7 +841,7 @@ static void qkv_k2_launch(const float* t0, const float* cos, const float* sin, f
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -869,7 +880,7 @@ static void qkv_k3_launch(const float* h, const float* wk, float* t3, const tsr:
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -942,7 +953,7 @@ static void qkv_k4_launch(const float* t3, const float* cos, const float* sin, f
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -981,7 +992,7 @@ static void qkv_k5_launch(const float* h, const float* wv, float* t6, const tsr:
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1004,7 +1015,7 @@ static void qkv_k6_launch(const float* t6, float* out2, const tsr::i64 B, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1053,7 +1064,7 @@ static void project_k0_launch(const float* x, const float* norm, float* h, const
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       project_k0_program(x, norm, h, T, pid_m, pid_b0);
@@ -1090,7 +1101,7 @@ static void project_k1_launch(const float* h, const float* wq, float* t0, const 
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1163,7 +1174,7 @@ static void project_k2_launch(const float* t0, const float* cos, const float* si
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1202,7 +1213,7 @@ static void project_k3_launch(const float* h, const float* wk, float* t3, const 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1275,7 +1286,7 @@ static void project_k4_launch(const float* t3, const float* cos, const float* si
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1314,7 +1325,7 @@ static void project_k5_launch(const float* h, const float* wv, float* t6, const 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1337,7 +1348,7 @@ static void project_k6_launch(const float* t6, float* v, const tsr::i64 B, const
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1423,7 +1434,7 @@ static void project_windowed_k0_launch(const float* x, const float* norm, float*
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       project_windowed_k0_program(x, norm, h, T, pid_m, pid_b0);
@@ -1461,7 +1472,7 @@ static void project_windowed_k1_launch(const float* h, const float* wq, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1536,7 +1547,7 @@ static void project_windowed_k2_launch(const float* t0, const float* cos, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1576,7 +1587,7 @@ static void project_windowed_k3_launch(const float* h, const float* wk, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1651,7 +1662,7 @@ static void project_windowed_k4_launch(const float* t3, const float* cos, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1691,7 +1702,7 @@ static void project_windowed_k5_launch(const float* h, const float* wv, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1716,7 +1727,7 @@ static void project_windowed_k6_launch(const float* t6, float* v, const tsr::i64
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1780,7 +1791,7 @@ static void finish_k0_launch(const float* o, float* t0, const tsr::i64 B, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(4, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = T;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1828,7 +1839,7 @@ static void finish_k1_launch(const float* t0, const float* wo, const float* x, f
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1878,7 +1889,7 @@ static void finish_k2_launch(const float* x_1, const float* norm, float* h, cons
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       finish_k2_program(x_1, norm, h, T, pid_m, pid_b0);
@@ -1922,7 +1933,7 @@ static void finish_k3_launch(const float* h, const float* wg, float* t4, const t
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1969,7 +1980,7 @@ static void finish_k4_launch(const float* h, const float* wu, const float* t4, f
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2016,7 +2027,7 @@ static void finish_k5_launch(const float* t6, const float* wd, const float* x_1,
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2065,7 +2076,7 @@ static void step_k0_launch(const float* x, const float* norm1, float* h, const t
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_k0_program(x, norm1, h, T, pid_m, pid_b0);
@@ -2102,7 +2113,7 @@ static void step_k1_launch(const float* h, const float* wq, float* t0, const tsr
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2175,7 +2186,7 @@ static void step_k2_launch(const float* t0, const float* cos, const float* sin, 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -2214,7 +2225,7 @@ static void step_k3_launch(const float* h, const float* wk, float* t3, const tsr
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2287,7 +2298,7 @@ static void step_k4_launch(const float* t3, const float* cos, const float* sin, 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -2326,7 +2337,7 @@ static void step_k5_launch(const float* h, const float* wv, float* t6, const tsr
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2349,7 +2360,7 @@ static void step_k6_launch(const float* t6, float* v, const tsr::i64 B, const ts
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -2489,7 +2500,7 @@ static void step_k10_launch(const float* cache_k, const float* cache_v, const fl
   constexpr tsr::i64 BM = 128;
   const tsr::i64 pid_m_count = tsr::ceil_div(2*T, BM);
   const tsr::i64 pid_b0_count = 2*B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_k10_program(cache_k, cache_v, q, t11, attended, S, T, pid_m, pid_b0);
@@ -2513,7 +2524,7 @@ static void step_k11_launch(const float* attended, float* t13, const tsr::i64 B,
   const tsr::i64 pid_m_count = tsr::ceil_div(4, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = T;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -2561,7 +2572,7 @@ static void step_k12_launch(const float* t13, const float* wo, const float* x, f
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2611,7 +2622,7 @@ static void step_k13_launch(const float* x_1, const float* norm2, float* h_1, co
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_k13_program(x_1, norm2, h_1, T, pid_m, pid_b0);
@@ -2655,7 +2666,7 @@ static void step_k14_launch(const float* h_1, const float* wg, float* t17, const
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2702,7 +2713,7 @@ static void step_k15_launch(const float* h_1, const float* wu, const float* t17,
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2749,7 +2760,7 @@ static void step_k16_launch(const float* t19, const float* wd, const float* x_1,
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2798,7 +2809,7 @@ static void step_windowed_k0_launch(const float* x, const float* norm1, float* h
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_windowed_k0_program(x, norm1, h, T, pid_m, pid_b0);
@@ -2835,7 +2846,7 @@ static void step_windowed_k1_launch(const float* h, const float* wq, float* t0, 
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2910,7 +2921,7 @@ static void step_windowed_k2_launch(const float* t0, const float* cos, const flo
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -2949,7 +2960,7 @@ static void step_windowed_k3_launch(const float* h, const float* wk, float* t3, 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -3024,7 +3035,7 @@ static void step_windowed_k4_launch(const float* t3, const float* cos, const flo
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -3063,7 +3074,7 @@ static void step_windowed_k5_launch(const float* h, const float* wv, float* t6, 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -3088,7 +3099,7 @@ static void step_windowed_k6_launch(const float* t6, float* v, const tsr::i64 B,
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -3236,7 +3247,7 @@ static void step_windowed_k10_launch(const float* cache_k, const float* cache_v,
   constexpr tsr::i64 BM = 128;
   const tsr::i64 pid_m_count = tsr::ceil_div(2*T, BM);
   const tsr::i64 pid_b0_count = 2*B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_windowed_k10_program(cache_k, cache_v, q, t11, attended, S, T, pid_m, pid_b0);
@@ -3261,7 +3272,7 @@ static void step_windowed_k11_launch(const float* attended, float* t13, const ts
   const tsr::i64 pid_m_count = tsr::ceil_div(4, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = T;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -3310,7 +3321,7 @@ static void step_windowed_k12_launch(const float* t13, const float* wo, const fl
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -3361,7 +3372,7 @@ static void step_windowed_k13_launch(const float* x_1, const float* norm2, float
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_windowed_k13_program(x_1, norm2, h_1, T, pid_m, pid_b0);
@@ -3405,7 +3416,7 @@ static void step_windowed_k14_launch(const float* h_1, const float* wg, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -3453,7 +3464,7 @@ static void step_windowed_k15_launch(const float* h_1, const float* wu, const fl
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -3501,7 +3512,7 @@ static void step_windowed_k16_launch(const float* t19, const float* wd, const fl
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)

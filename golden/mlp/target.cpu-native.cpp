@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -222,6 +223,16 @@ inline float gelu(float x) {  // the tanh approximation
   const float k = 0.7978845608028654f;  // sqrt(2 / pi)
   return 0.5f * x * (1.0f + tsr::tanh(k * (x + 0.044715f * x * x * x)));
 }
+
+// ---------------------------------------------------------------- threads
+// libgomp's threads do not survive fork(): in a child, the first parallel region after
+// the parent ran one waits forever for the parent's threads, which the child does not
+// have (multiprocessing's default start on Linux, a DataLoader's workers). A child runs
+// its launches on the calling thread instead; the flag is set by a fork handler that
+// each library registers when it is loaded.
+inline bool forked_child = false;
+inline const int fork_handler = pthread_atfork(nullptr, nullptr, [] { forked_child = true; });
+inline bool forked() { return forked_child; }
 
 // ---------------------------------------------------------------- memory
 
@@ -737,7 +748,7 @@ static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const flo
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       linear_gelu_program(A, B, bias, out, M, K, N, pid_n, pid_m);
@@ -781,7 +792,7 @@ static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(F, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       mlp_k0_program(x, W_in, b_in, h, T, D, F, pid_n, pid_m);
@@ -828,7 +839,7 @@ static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const floa
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(D, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       mlp_k1_program(h, W_out, b_out, x, out, T, F, D, pid_n, pid_m);
@@ -880,7 +891,7 @@ static void linear_fp8_launch(const tsr::e4m3* x, const tsr::e4m3* w, const floa
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(F, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       linear_fp8_program(x, w, bias, out, T, D, F, pid_n, pid_m);

@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -160,6 +161,16 @@ inline float exp_nonpositive(float x) {
   const float y = exp_poly(xc, ni) * float_of(static_cast<std::uint32_t>(ni + 127) << 23);
   return x < kExpLow ? 0.0f : y;
 }
+
+// ---------------------------------------------------------------- threads
+// libgomp's threads do not survive fork(): in a child, the first parallel region after
+// the parent ran one waits forever for the parent's threads, which the child does not
+// have (multiprocessing's default start on Linux, a DataLoader's workers). A child runs
+// its launches on the calling thread instead; the flag is set by a fork handler that
+// each library registers when it is loaded.
+inline bool forked_child = false;
+inline const int fork_handler = pthread_atfork(nullptr, nullptr, [] { forked_child = true; });
+inline bool forked() { return forked_child; }
 
 // ---------------------------------------------------------------- memory
 
@@ -302,7 +313,7 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
 static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(R, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     row_softmax_program(x, out, R, C, pid_m);
 }
@@ -383,7 +394,7 @@ static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float*
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     pre_norm_program(x, gamma, beta, out, T, D, pid_m);
 }
@@ -431,7 +442,7 @@ static void rms_launch(const float* x, const float* weight, float* out, const ts
     const tsr::i64 D) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     rms_program(x, weight, out, T, D, pid_m);
 }
@@ -490,7 +501,7 @@ static void add_rms_launch(const float* x, const float* residual, const float* w
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       add_rms_program(x, residual, weight, out, S, D, pid_m, pid_b0);

@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -84,6 +85,16 @@ inline void store_as(std::int8_t* dst, float x) {
   *dst = static_cast<std::int8_t>(static_cast<std::uint32_t>(static_cast<std::int32_t>(x)));
 }
 inline void store_as(bf16* dst, float x) { *dst = from_float_bf16(x); }
+
+// ---------------------------------------------------------------- threads
+// libgomp's threads do not survive fork(): in a child, the first parallel region after
+// the parent ran one waits forever for the parent's threads, which the child does not
+// have (multiprocessing's default start on Linux, a DataLoader's workers). A child runs
+// its launches on the calling thread instead; the flag is set by a fork handler that
+// each library registers when it is loaded.
+inline bool forked_child = false;
+inline const int fork_handler = pthread_atfork(nullptr, nullptr, [] { forked_child = true; });
+inline bool forked() { return forked_child; }
 
 // ---------------------------------------------------------------- memory
 
@@ -215,7 +226,7 @@ static void adamw_launch(const float* state_m, const float* dw, const float* sta
     const tsr::i64 N) {
   constexpr tsr::i64 BM = 8192;
   const tsr::i64 pid_m_count = tsr::ceil_div(N, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     adamw_program(state_m, dw, state_v, step, lr, w, out1, out2, out0, N, pid_m);
 }
@@ -280,7 +291,7 @@ static void adamw_bf16_launch(const tsr::bf16* dw, const float* state_m, const f
     float* out1, tsr::bf16* out0, const tsr::i64 N) {
   constexpr tsr::i64 BM = 8192;
   const tsr::i64 pid_m_count = tsr::ceil_div(N, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1)
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     adamw_bf16_program(dw, state_m, state_v, step, lr, state_master, out2, out3, out1, out0, N,
         pid_m);

@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -226,6 +227,16 @@ inline float gelu(float x) {  // the tanh approximation
   const float k = 0.7978845608028654f;  // sqrt(2 / pi)
   return 0.5f * x * (1.0f + tsr::tanh(k * (x + 0.044715f * x * x * x)));
 }
+
+// ---------------------------------------------------------------- threads
+// libgomp's threads do not survive fork(): in a child, the first parallel region after
+// the parent ran one waits forever for the parent's threads, which the child does not
+// have (multiprocessing's default start on Linux, a DataLoader's workers). A child runs
+// its launches on the calling thread instead; the flag is set by a fork handler that
+// each library registers when it is loaded.
+inline bool forked_child = false;
+inline const int fork_handler = pthread_atfork(nullptr, nullptr, [] { forked_child = true; });
+inline bool forked() { return forked_child; }
 
 // ---------------------------------------------------------------- memory
 
@@ -677,7 +688,7 @@ static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, con
   constexpr tsr::i64 BN = 128;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       gemm_program(A, B, out, M, K, N, pid_n, pid_m);
@@ -724,7 +735,7 @@ static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* o
   constexpr tsr::i64 BN = 64;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       skinny_gemm_program(A, B, out, M, K, N, pid_n, pid_m);
@@ -768,7 +779,7 @@ static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const 
   constexpr tsr::i64 BN = 128;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       gemm_bias_relu_program(A, B, bias, out, M, K, N, pid_n, pid_m);

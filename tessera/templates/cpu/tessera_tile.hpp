@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -481,6 +482,16 @@ inline float stochastic_round(float x, int mantissa, int emin, std::int64_t seed
   const float magnitude = static_cast<float>(kept + (draw < bound ? 1u : 0u)) * step;
   return float_of(bits_of(magnitude) | (bits & 0x80000000u));
 }
+
+// ---------------------------------------------------------------- threads
+// libgomp's threads do not survive fork(): in a child, the first parallel region after
+// the parent ran one waits forever for the parent's threads, which the child does not
+// have (multiprocessing's default start on Linux, a DataLoader's workers). A child runs
+// its launches on the calling thread instead; the flag is set by a fork handler that
+// each library registers when it is loaded.
+inline bool forked_child = false;
+inline const int fork_handler = pthread_atfork(nullptr, nullptr, [] { forked_child = true; });
+inline bool forked() { return forked_child; }
 
 // ---------------------------------------------------------------- memory
 
