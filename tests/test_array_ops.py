@@ -470,9 +470,10 @@ def test_gpu_code_compiles_warning_free(target: str, arch: str, tmp_path: Path) 
 @pytest.mark.parametrize(
     "arch",
     [
-        # sm_80's build is nvcc's above too: 40 s of one core each, NVRTC's in the sweep
+        # 40 to 70 s of one core each: the sweep's (nvcc builds sm_80 in the default tier,
+        # and the examples' sm_90a builds there cover the same emitter)
         pytest.param("sm_80", marks=pytest.mark.exhaustive),
-        "sm_90a",
+        pytest.param("sm_90a", marks=pytest.mark.exhaustive),
     ],
 )
 def test_nvrtc_builds_the_cuda_code(arch: str) -> None:

@@ -80,6 +80,8 @@ CHECKED_ELSEWHERE = {
     ("examples/train_mlp.tsr", "loss"): "examples/train_mlp.py (make demo)",
     ("examples/train_mlp.tsr", "train_step"): "examples/train_mlp.py (make demo)",
     ("tessera/stdlib/put_along_axis.tsr", "put_along_axis"): "tests/test_scatter.py",
+    # its two parts depend on the schedule's K blocks; their join is checked exactly
+    ("tessera/stdlib/gemm_i8.tsr", "gemm_i8"): "tests/test_int8_matmul.py",
     ("tessera/stdlib/decode_attention.tsr", "decode_attention"): "tests/test_kvcache.py",
     ("tessera/stdlib/decode_partial.tsr", "decode_partial"): "tests/test_kvcache_attention.py",
     (

@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 #include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -665,7 +666,8 @@ static void attention_launch(const tsr::bf16* Q, const tsr::bf16* K, const tsr::
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = H;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -762,7 +764,8 @@ static void flash_attention_launch(const tsr::bf16* q, const tsr::bf16* k, const
   constexpr tsr::i64 BM = 128;
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = BH;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       flash_attention_program(q, k, v, causal, out, S, D, pid_m, pid_b0);

@@ -86,6 +86,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 #include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -731,7 +732,8 @@ static void qkv_k0_launch(const float* x, const float* norm, float* h, const tsr
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       qkv_k0_program(x, norm, h, T, pid_m, pid_b0);
@@ -768,7 +770,8 @@ static void qkv_k1_launch(const float* h, const float* wq, float* t0, const tsr:
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -841,7 +844,8 @@ static void qkv_k2_launch(const float* t0, const float* cos, const float* sin, f
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -880,7 +884,8 @@ static void qkv_k3_launch(const float* h, const float* wk, float* t3, const tsr:
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -953,7 +958,8 @@ static void qkv_k4_launch(const float* t3, const float* cos, const float* sin, f
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -992,7 +998,8 @@ static void qkv_k5_launch(const float* h, const float* wv, float* t6, const tsr:
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1015,7 +1022,8 @@ static void qkv_k6_launch(const float* t6, float* out2, const tsr::i64 B, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1064,7 +1072,8 @@ static void project_k0_launch(const float* x, const float* norm, float* h, const
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       project_k0_program(x, norm, h, T, pid_m, pid_b0);
@@ -1101,7 +1110,8 @@ static void project_k1_launch(const float* h, const float* wq, float* t0, const 
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1174,7 +1184,8 @@ static void project_k2_launch(const float* t0, const float* cos, const float* si
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1213,7 +1224,8 @@ static void project_k3_launch(const float* h, const float* wk, float* t3, const 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1286,7 +1298,8 @@ static void project_k4_launch(const float* t3, const float* cos, const float* si
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1325,7 +1338,8 @@ static void project_k5_launch(const float* h, const float* wv, float* t6, const 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1348,7 +1362,8 @@ static void project_k6_launch(const float* t6, float* v, const tsr::i64 B, const
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1434,7 +1449,8 @@ static void project_windowed_k0_launch(const float* x, const float* norm, float*
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       project_windowed_k0_program(x, norm, h, T, pid_m, pid_b0);
@@ -1472,7 +1488,8 @@ static void project_windowed_k1_launch(const float* h, const float* wq, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1547,7 +1564,8 @@ static void project_windowed_k2_launch(const float* t0, const float* cos, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1587,7 +1605,8 @@ static void project_windowed_k3_launch(const float* h, const float* wk, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1662,7 +1681,8 @@ static void project_windowed_k4_launch(const float* t3, const float* cos, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1702,7 +1722,8 @@ static void project_windowed_k5_launch(const float* h, const float* wv, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1727,7 +1748,8 @@ static void project_windowed_k6_launch(const float* t6, float* v, const tsr::i64
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1791,7 +1813,8 @@ static void finish_k0_launch(const float* o, float* t0, const tsr::i64 B, const 
   const tsr::i64 pid_m_count = tsr::ceil_div(4, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = T;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -1839,7 +1862,8 @@ static void finish_k1_launch(const float* t0, const float* wo, const float* x, f
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1889,7 +1913,8 @@ static void finish_k2_launch(const float* x_1, const float* norm, float* h, cons
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       finish_k2_program(x_1, norm, h, T, pid_m, pid_b0);
@@ -1933,7 +1958,8 @@ static void finish_k3_launch(const float* h, const float* wg, float* t4, const t
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -1980,7 +2006,8 @@ static void finish_k4_launch(const float* h, const float* wu, const float* t4, f
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2027,7 +2054,8 @@ static void finish_k5_launch(const float* t6, const float* wd, const float* x_1,
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2076,7 +2104,8 @@ static void step_k0_launch(const float* x, const float* norm1, float* h, const t
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_k0_program(x, norm1, h, T, pid_m, pid_b0);
@@ -2113,7 +2142,8 @@ static void step_k1_launch(const float* h, const float* wq, float* t0, const tsr
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2186,7 +2216,8 @@ static void step_k2_launch(const float* t0, const float* cos, const float* sin, 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -2225,7 +2256,8 @@ static void step_k3_launch(const float* h, const float* wk, float* t3, const tsr
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2298,7 +2330,8 @@ static void step_k4_launch(const float* t3, const float* cos, const float* sin, 
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -2337,7 +2370,8 @@ static void step_k5_launch(const float* h, const float* wv, float* t6, const tsr
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2360,7 +2394,8 @@ static void step_k6_launch(const float* t6, float* v, const tsr::i64 B, const ts
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -2500,7 +2535,8 @@ static void step_k10_launch(const float* cache_k, const float* cache_v, const fl
   constexpr tsr::i64 BM = 128;
   const tsr::i64 pid_m_count = tsr::ceil_div(2*T, BM);
   const tsr::i64 pid_b0_count = 2*B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_k10_program(cache_k, cache_v, q, t11, attended, S, T, pid_m, pid_b0);
@@ -2524,7 +2560,8 @@ static void step_k11_launch(const float* attended, float* t13, const tsr::i64 B,
   const tsr::i64 pid_m_count = tsr::ceil_div(4, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = T;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -2572,7 +2609,8 @@ static void step_k12_launch(const float* t13, const float* wo, const float* x, f
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2622,7 +2660,8 @@ static void step_k13_launch(const float* x_1, const float* norm2, float* h_1, co
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_k13_program(x_1, norm2, h_1, T, pid_m, pid_b0);
@@ -2666,7 +2705,8 @@ static void step_k14_launch(const float* h_1, const float* wg, float* t17, const
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2713,7 +2753,8 @@ static void step_k15_launch(const float* h_1, const float* wu, const float* t17,
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2760,7 +2801,8 @@ static void step_k16_launch(const float* t19, const float* wd, const float* x_1,
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2809,7 +2851,8 @@ static void step_windowed_k0_launch(const float* x, const float* norm1, float* h
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_windowed_k0_program(x, norm1, h, T, pid_m, pid_b0);
@@ -2846,7 +2889,8 @@ static void step_windowed_k1_launch(const float* h, const float* wq, float* t0, 
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -2921,7 +2965,8 @@ static void step_windowed_k2_launch(const float* t0, const float* cos, const flo
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 4;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -2960,7 +3005,8 @@ static void step_windowed_k3_launch(const float* h, const float* wk, float* t3, 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -3035,7 +3081,8 @@ static void step_windowed_k4_launch(const float* t3, const float* cos, const flo
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -3074,7 +3121,8 @@ static void step_windowed_k5_launch(const float* h, const float* wv, float* t6, 
   const tsr::i64 pid_n_count = tsr::ceil_div(128, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -3099,7 +3147,8 @@ static void step_windowed_k6_launch(const float* t6, float* v, const tsr::i64 B,
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = 2;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -3247,7 +3296,8 @@ static void step_windowed_k10_launch(const float* cache_k, const float* cache_v,
   constexpr tsr::i64 BM = 128;
   const tsr::i64 pid_m_count = tsr::ceil_div(2*T, BM);
   const tsr::i64 pid_b0_count = 2*B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_windowed_k10_program(cache_k, cache_v, q, t11, attended, S, T, pid_m, pid_b0);
@@ -3272,7 +3322,8 @@ static void step_windowed_k11_launch(const float* attended, float* t13, const ts
   const tsr::i64 pid_m_count = tsr::ceil_div(4, BM);
   const tsr::i64 pid_b0_count = B;
   const tsr::i64 pid_b1_count = T;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count * pid_b1_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       for (tsr::i64 pid_b1 = 0; pid_b1 < pid_b1_count; ++pid_b1)
@@ -3321,7 +3372,8 @@ static void step_windowed_k12_launch(const float* t13, const float* wo, const fl
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -3372,7 +3424,8 @@ static void step_windowed_k13_launch(const float* x_1, const float* norm2, float
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       step_windowed_k13_program(x_1, norm2, h_1, T, pid_m, pid_b0);
@@ -3416,7 +3469,8 @@ static void step_windowed_k14_launch(const float* h_1, const float* wg, float* t
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -3464,7 +3518,8 @@ static void step_windowed_k15_launch(const float* h_1, const float* wu, const fl
   const tsr::i64 pid_n_count = tsr::ceil_div(512, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
@@ -3512,7 +3567,8 @@ static void step_windowed_k16_launch(const float* t19, const float* wd, const fl
   const tsr::i64 pid_n_count = tsr::ceil_div(256, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)

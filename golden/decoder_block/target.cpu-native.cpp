@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 #include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -681,7 +682,8 @@ static void decoder_block_k0_launch(const float* x, const float* norm1, float* h
     const tsr::i64 S, const tsr::i64 C) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     decoder_block_k0_program(x, norm1, h, S, C, pid_m);
 }
@@ -717,7 +719,8 @@ static void decoder_block_k1_launch(const float* h, const float* wq, float* t0, 
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k1_program(h, wq, t0, S, C, pid_n, pid_m);
@@ -754,7 +757,8 @@ static void decoder_block_k2_launch(const float* h, const float* wk, float* t2, 
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k2_program(h, wk, t2, S, C, pid_n, pid_m);
@@ -791,7 +795,8 @@ static void decoder_block_k3_launch(const float* h, const float* wv, float* t4, 
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k3_program(h, wv, t4, S, C, pid_n, pid_m);
@@ -858,7 +863,8 @@ static void decoder_block_k4_launch(const float* t0, const float* t2, const floa
   constexpr tsr::i64 BM = 128;
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = (C)/64;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       decoder_block_k4_program(t0, t2, t4, t6, S, C, pid_m, pid_b0);
@@ -905,7 +911,8 @@ static void decoder_block_k5_launch(const float* t6, const float* wo, const floa
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k5_program(t6, wo, x, x_1, S, C, pid_n, pid_m);
@@ -954,7 +961,8 @@ static void decoder_block_k6_launch(const float* x_1, const float* norm2, float*
     const tsr::i64 S, const tsr::i64 C) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     decoder_block_k6_program(x_1, norm2, h_1, S, C, pid_m);
 }
@@ -998,7 +1006,8 @@ static void decoder_block_k7_launch(const float* h_1, const float* w1, float* t1
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(F, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k7_program(h_1, w1, t10, S, C, F, pid_n, pid_m);
@@ -1045,7 +1054,8 @@ static void decoder_block_k8_launch(const float* h_1, const float* w3, const flo
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(F, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k8_program(h_1, w3, t10, t12, S, C, F, pid_n, pid_m);
@@ -1092,7 +1102,8 @@ static void decoder_block_k9_launch(const float* t12, const float* w2, const flo
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       decoder_block_k9_program(t12, w2, x_1, out, S, F, C, pid_n, pid_m);

@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 #include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -748,7 +749,8 @@ static void linear_gelu_launch(const tsr::bf16* A, const tsr::bf16* B, const flo
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       linear_gelu_program(A, B, bias, out, M, K, N, pid_n, pid_m);
@@ -792,7 +794,8 @@ static void mlp_k0_launch(const tsr::bf16* x, const tsr::bf16* W_in, const float
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(F, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       mlp_k0_program(x, W_in, b_in, h, T, D, F, pid_n, pid_m);
@@ -839,7 +842,8 @@ static void mlp_k1_launch(const tsr::bf16* h, const tsr::bf16* W_out, const floa
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(D, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       mlp_k1_program(h, W_out, b_out, x, out, T, F, D, pid_n, pid_m);
@@ -891,7 +895,8 @@ static void linear_fp8_launch(const tsr::e4m3* x, const tsr::e4m3* w, const floa
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(F, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       linear_fp8_program(x, w, bias, out, T, D, F, pid_n, pid_m);

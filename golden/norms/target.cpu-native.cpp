@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 #include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -313,7 +314,8 @@ static void row_softmax_program(const float* x, float* out, const tsr::i64 R, co
 static void row_softmax_launch(const float* x, float* out, const tsr::i64 R, const tsr::i64 C) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(R, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     row_softmax_program(x, out, R, C, pid_m);
 }
@@ -394,7 +396,8 @@ static void pre_norm_launch(const tsr::bf16* x, const float* gamma, const float*
     tsr::bf16* out, const tsr::i64 T, const tsr::i64 D) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     pre_norm_program(x, gamma, beta, out, T, D, pid_m);
 }
@@ -442,7 +445,8 @@ static void rms_launch(const float* x, const float* weight, float* out, const ts
     const tsr::i64 D) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(T, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     rms_program(x, weight, out, T, D, pid_m);
 }
@@ -501,7 +505,8 @@ static void add_rms_launch(const float* x, const float* residual, const float* w
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(S, BM);
   const tsr::i64 pid_b0_count = B;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       add_rms_program(x, residual, weight, out, S, D, pid_m, pid_b0);

@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 #include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -226,7 +227,8 @@ static void adamw_launch(const float* state_m, const float* dw, const float* sta
     const tsr::i64 N) {
   constexpr tsr::i64 BM = 8192;
   const tsr::i64 pid_m_count = tsr::ceil_div(N, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     adamw_program(state_m, dw, state_v, step, lr, w, out1, out2, out0, N, pid_m);
 }
@@ -291,7 +293,8 @@ static void adamw_bf16_launch(const tsr::bf16* dw, const float* state_m, const f
     float* out1, tsr::bf16* out0, const tsr::i64 N) {
   constexpr tsr::i64 BM = 8192;
   const tsr::i64 pid_m_count = tsr::ceil_div(N, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     adamw_bf16_program(dw, state_m, state_v, step, lr, state_master, out2, out3, out1, out0, N,
         pid_m);

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 #include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -1019,7 +1020,8 @@ static void quantize_weights_k0_program(const float* scale, float* t0, const tsr
 static void quantize_weights_k0_launch(const float* scale, float* t0, const tsr::i64 N) {
   constexpr tsr::i64 BM = 8192;
   const tsr::i64 pid_m_count = tsr::ceil_div(N, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     quantize_weights_k0_program(scale, t0, N, pid_m);
 }
@@ -1051,7 +1053,8 @@ static void quantize_weights_k1_launch(const float* w, const float* t0, std::int
     const tsr::i64 K, const tsr::i64 N) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(K, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     quantize_weights_k1_program(w, t0, out, K, N, pid_m);
 }
@@ -1107,7 +1110,8 @@ static void w8a16_launch(const tsr::bf16* x, const std::int8_t* w, const float* 
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       w8a16_program(x, w, scale, out, M, K, N, pid_n, pid_m);
@@ -1155,7 +1159,8 @@ static void linear_per_group_launch(const tsr::bf16* x, const std::int8_t* w, co
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       linear_per_group_program(x, w, scale, out, M, K, N, pid_n, pid_m);
@@ -1185,7 +1190,8 @@ static void quantize_i4_k0_launch(const float* scale, float* t2, const tsr::i64 
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(1, BM);
   const tsr::i64 pid_b0_count = (K)/32;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       quantize_i4_k0_program(scale, t2, N, pid_m, pid_b0);
@@ -1215,7 +1221,8 @@ static void quantize_i4_k1_launch(const float* w, const float* t2, tsr::i4* out,
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(32, BM);
   const tsr::i64 pid_b0_count = (K)/32;
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_m_count * pid_b0_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count * pid_b0_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     for (tsr::i64 pid_b0 = 0; pid_b0 < pid_b0_count; ++pid_b0)
       quantize_i4_k1_program(w, t2, out, N, pid_m, pid_b0);
@@ -1255,7 +1262,8 @@ static void w4a16_launch(const tsr::bf16* x, const tsr::i4* w, const float* scal
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       w4a16_program(x, w, scale, out, M, K, N, pid_n, pid_m);
@@ -1337,7 +1345,8 @@ static void w8a8_launch(const std::int8_t* x, const std::int8_t* w, const float*
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       w8a8_program(x, w, x_scale, w_scale, out, M, K, N, pid_n, pid_m);

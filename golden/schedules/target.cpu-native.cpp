@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 #include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -688,7 +689,8 @@ static void gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* out, con
   constexpr tsr::i64 BN = 128;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       gemm_program(A, B, out, M, K, N, pid_n, pid_m);
@@ -735,7 +737,8 @@ static void skinny_gemm_launch(const tsr::f16* A, const tsr::f16* B, tsr::f16* o
   constexpr tsr::i64 BN = 64;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       skinny_gemm_program(A, B, out, M, K, N, pid_n, pid_m);
@@ -779,7 +782,8 @@ static void gemm_bias_relu_launch(const tsr::bf16* A, const tsr::bf16* B, const 
   constexpr tsr::i64 BN = 128;
   const tsr::i64 pid_n_count = tsr::ceil_div(N, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(M, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       gemm_bias_relu_program(A, B, bias, out, M, K, N, pid_n, pid_m);

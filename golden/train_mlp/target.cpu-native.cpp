@@ -45,6 +45,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 #include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -584,7 +585,8 @@ static void loss_k0_launch(const float* x, const float* w1, const float* b1, flo
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(H, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       loss_k0_program(x, w1, b1, hidden, B, D, H, pid_n, pid_m);
@@ -632,7 +634,8 @@ static void loss_k1_launch(const float* hidden, const float* w2, const float* b2
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       loss_k1_program(hidden, w2, b2, logits, B, H, C, pid_n, pid_m);
@@ -693,7 +696,8 @@ static void loss_k2_launch(const float* logits, const float* target, float* t4, 
     const tsr::i64 C) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     loss_k2_program(logits, target, t4, B, C, pid_m);
 }
@@ -719,7 +723,8 @@ static void loss_k3_program(const float* t4, float* t5, const tsr::i64 B, const 
 static void loss_k3_launch(const float* t4, float* t5, const tsr::i64 B, const tsr::i64 C) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     loss_k3_program(t4, t5, B, C, pid_m);
 }
@@ -752,7 +757,8 @@ static void loss_k4_program(const float* t5, float* out, const tsr::i64 B, const
 static void loss_k4_launch(const float* t5, float* out, const tsr::i64 B) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(1, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     loss_k4_program(t5, out, B, pid_m);
 }
@@ -799,7 +805,8 @@ static void train_step_k0_launch(const float* x, const float* w1, const float* b
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(H, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k0_program(x, w1, b1, hidden, B, D, H, pid_n, pid_m);
@@ -847,7 +854,8 @@ static void train_step_k1_launch(const float* hidden, const float* w2, const flo
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k1_program(hidden, w2, b2, logits, B, H, C, pid_n, pid_m);
@@ -905,7 +913,8 @@ static void train_step_k2_launch(const float* logits, float* t3, const tsr::i64 
     const tsr::i64 C) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k2_program(logits, t3, B, C, pid_m);
 }
@@ -935,7 +944,8 @@ static void train_step_k3_launch(const float* target, const float* t3, float* t5
     const tsr::i64 B, const tsr::i64 C) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k3_program(target, t3, t5, B, C, pid_m);
 }
@@ -969,7 +979,8 @@ static void train_step_k4_program(const float* t5, float* t8, const tsr::i64 B,
 static void train_step_k4_launch(const float* t5, float* t8, const tsr::i64 B) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(1, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k4_program(t5, t8, B, pid_m);
 }
@@ -991,7 +1002,8 @@ static void train_step_k5_program(const float* t8, float* out0, const tsr::i64 p
 static void train_step_k5_launch(const float* t8, float* out0) {
   constexpr tsr::i64 BM = 8192;
   const tsr::i64 pid_m_count = tsr::ceil_div(1, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k5_program(t8, out0, pid_m);
 }
@@ -1016,7 +1028,8 @@ static void train_step_k6_program(const float* t8, float* t12, const tsr::i64 pi
 static void train_step_k6_launch(const float* t8, float* t12) {
   constexpr tsr::i64 BM = 8192;
   const tsr::i64 pid_m_count = tsr::ceil_div(1, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k6_program(t8, t12, pid_m);
 }
@@ -1044,7 +1057,8 @@ static void train_step_k7_program(const float* t5, const float* t12, float* t16,
 static void train_step_k7_launch(const float* t5, const float* t12, float* t16, const tsr::i64 B) {
   constexpr tsr::i64 BM = 8192;
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k7_program(t5, t12, t16, B, pid_m);
 }
@@ -1074,7 +1088,8 @@ static void train_step_k8_launch(const float* t16, const float* target, float* t
     const tsr::i64 B, const tsr::i64 C) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k8_program(t16, target, t18, B, C, pid_m);
 }
@@ -1115,7 +1130,8 @@ static void train_step_k9_launch(const float* t3, const float* t18, float* t19, 
     const tsr::i64 C) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k9_program(t3, t18, t19, B, C, pid_m);
 }
@@ -1140,7 +1156,8 @@ static void train_step_k10_launch(const float* t19, float* t20, const tsr::i64 B
   constexpr tsr::i64 BN = 64;
   const tsr::i64 pid_n_count = tsr::ceil_div(B, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(C, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k10_program(t19, t20, B, C, pid_n, pid_m);
@@ -1175,7 +1192,8 @@ static void train_step_k11_launch(const float* t20, const float lr, const float*
     const tsr::i64 C, const tsr::i64 B) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(C, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k11_program(t20, lr, b2, out4, C, B, pid_m);
 }
@@ -1214,7 +1232,8 @@ static void train_step_k12_launch(const float* t19, const float* w2, float* t21,
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(H, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k12_program(t19, w2, t21, B, C, H, pid_n, pid_m);
@@ -1240,7 +1259,8 @@ static void train_step_k13_launch(const float* hidden, float* t22, const tsr::i6
   constexpr tsr::i64 BN = 64;
   const tsr::i64 pid_n_count = tsr::ceil_div(B, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(H, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k13_program(hidden, t22, B, H, pid_n, pid_m);
@@ -1287,7 +1307,8 @@ static void train_step_k14_launch(const float* t22, const float* t19, const floa
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(C, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(H, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k14_program(t22, t19, lr, w2, out3, H, B, C, pid_n, pid_m);
@@ -1319,7 +1340,8 @@ static void train_step_k15_launch(const float* hidden, const float* t21, float* 
     const tsr::i64 B, const tsr::i64 H) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(B, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k15_program(hidden, t21, t25, B, H, pid_m);
 }
@@ -1344,7 +1366,8 @@ static void train_step_k16_launch(const float* t25, float* t26, const tsr::i64 B
   constexpr tsr::i64 BN = 64;
   const tsr::i64 pid_n_count = tsr::ceil_div(B, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(H, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k16_program(t25, t26, B, H, pid_n, pid_m);
@@ -1379,7 +1402,8 @@ static void train_step_k17_launch(const float* t26, const float lr, const float*
     const tsr::i64 H, const tsr::i64 B) {
   constexpr tsr::i64 BM = 4;
   const tsr::i64 pid_m_count = tsr::ceil_div(H, BM);
-#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(1) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
     train_step_k17_program(t26, lr, b1, out2, H, B, pid_m);
 }
@@ -1403,7 +1427,8 @@ static void train_step_k18_launch(const float* x, float* t27, const tsr::i64 B, 
   constexpr tsr::i64 BN = 64;
   const tsr::i64 pid_n_count = tsr::ceil_div(B, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(D, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k18_program(x, t27, B, D, pid_n, pid_m);
@@ -1450,7 +1475,8 @@ static void train_step_k19_launch(const float* t27, const float* t25, const floa
   constexpr tsr::i64 BN = 256;
   const tsr::i64 pid_n_count = tsr::ceil_div(H, BN);
   const tsr::i64 pid_m_count = tsr::ceil_div(D, BM);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (pid_n_count * pid_m_count > 1 && !tsr::forked())
+  const bool threaded = pid_n_count * pid_m_count > 1 && !tsr::forked();
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (threaded)
   for (tsr::i64 pid_n = 0; pid_n < pid_n_count; ++pid_n)
     for (tsr::i64 pid_m = 0; pid_m < pid_m_count; ++pid_m)
       train_step_k19_program(t27, t25, lr, w1, out1, D, B, H, pid_n, pid_m);

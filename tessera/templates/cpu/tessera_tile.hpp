@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
 #include <pthread.h>
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -83,6 +83,7 @@ class _KernelView:
         #: Whether the programs run on the team of threads: a cache's append copies a few
         #: rows, less work than waking the team (on a loaded machine, a time slice).
         self.parallel = kernel.kind != "state"
+        self.team = self.c.team
         sizes = self.c.sizes
         used_dims = [sizes[d] for d in dims if sizes[d] in body_names]
         launch_dims = [d for d in dims if sizes[d] in grid_names]

@@ -126,6 +126,8 @@ class CKernel:
     #: program and in the launch (the grid's extents count its programs in tiles).
     constants: tuple[str, ...] = ()
     launch_constants: tuple[str, ...] = ()
+    #: The launch's flag that runs the programs on the team of threads.
+    team: str = "threaded"
 
 
 #: The functions of a kernel, by the suffix they add to its name.
@@ -363,6 +365,7 @@ class _Emitter:
             tuple(self.lines), tuple(self.constants.declarations(words(code), form)),
             tuple(self.constants.declarations(words("\n".join(e for _, e, _ in grid)),
                                               form)),
+            self.namer.fresh("threaded"),
         )  # fmt: skip
 
     def _extent(self, pid: str, extent: Dim, block: int) -> str:
