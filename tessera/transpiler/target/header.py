@@ -26,7 +26,10 @@ _SIGNATURE = re.compile(r"^(?:__device__ )?inline [^(]*?\w+\s*\(([^)]*)\)", re.M
 #: A string literal, whose braces (PTX's ``{ %0, %1 }``) are no blocks.
 _STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 #: Top-level declarations and the names they define.
-_FUNCTION = re.compile(r"^(?:__device__ )?inline [^(]*?\b(\w+)\s*\(", re.M)
+_FUNCTION = re.compile(r"^(?:__device__ )?inline [^(=]*?\b(\w+)\s*\(", re.M)
+#: An inline variable (``inline bool forked_child = false;``), whose initializer may call
+#: a function that is not the header's.
+_VARIABLE = re.compile(r"^inline [^(=;]*?\b(\w+)\s*=", re.M)
 _CONSTANT = re.compile(r"^(?:constexpr [^;]*|enum \{[^}]*\});", re.M)
 _TYPE = re.compile(r"^(?:struct (\w+)|typedef [^;]*?(\w+)\s*(?:__attribute__|;))", re.M)
 
@@ -38,7 +41,7 @@ class Section:
 
     @functools.cached_property
     def defines(self) -> frozenset[str]:
-        names = set(_FUNCTION.findall(self.text))
+        names = set(_FUNCTION.findall(self.text)) | set(_VARIABLE.findall(self.text))
         for decl in _CONSTANT.findall(self.text):
             names.update(re.findall(r"(\w+)\s*=", decl))
         for struct, typedef in _TYPE.findall(self.text):
