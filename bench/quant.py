@@ -258,17 +258,7 @@ def _gemm(rng: np.random.Generator) -> dict[str, object]:
         "tessera_i8_portable_sums": lambda: portable.gemm_i8(x, w, out=out),
         "numpy_sgemm_f32": lambda: np.matmul(a32, b32),
     })  # fmt: skip
-    flops = 2.0 * GEMM**3
-    numpy = seconds["numpy_sgemm_f32"]
-    case = {
-        "m": GEMM, "n": GEMM, "k": GEMM, "result": "f32",
-        "ms": {k: round(v * 1e3, 2) for k, v in seconds.items()},
-        "gflop_per_s": {k: round(flops / v / 1e9, 1) for k, v in seconds.items()},
-        "ratio_over_numpy_sgemm": {
-            k: round(numpy / v, 3) for k, v in seconds.items() if k != "numpy_sgemm_f32"},
-    }  # fmt: skip
-    print(json.dumps(case))
-    return case
+    return _against_numpy_sgemm(seconds, result="f32")
 
 
 #: The graph-level int8 product (exact, i32) and a W8A8 layer after it.
@@ -307,10 +297,16 @@ def _w8a8(rng: np.random.Generator) -> dict[str, object]:
         "tessera_tile_i8_one_f32_accumulator": lambda: tile.gemm_i8(x, w, out=out),
         "numpy_sgemm_f32": lambda: np.matmul(x32, w32),
     })  # fmt: skip
+    return _against_numpy_sgemm(seconds)
+
+
+def _against_numpy_sgemm(seconds: dict[str, float], **fields: str) -> dict[str, object]:
+    """A GEMM-at-``GEMM`` case: each timing in ms, as a FLOP rate, and as a ratio over
+    numpy's SGEMM of the same run (printed too)."""
     flops = 2.0 * GEMM**3
     numpy = seconds["numpy_sgemm_f32"]
     case = {
-        "m": GEMM, "n": GEMM, "k": GEMM,
+        "m": GEMM, "n": GEMM, "k": GEMM, **fields,
         "ms": {k: round(v * 1e3, 2) for k, v in seconds.items()},
         "gflop_per_s": {k: round(flops / v / 1e9, 1) for k, v in seconds.items()},
         "ratio_over_numpy_sgemm": {
